@@ -1,0 +1,198 @@
+"""The typed config tree: dataclass schemas (registered in Hydra's ConfigStore) and value validation.
+
+YAML files under ``configs/`` hold values; these schemas hold types and defaults. Required keys are ``MISSING``
+(Hydra fails naming them), unknown keys fail in Hydra's struct mode, and ``validate`` rejects bad values with a
+message naming the key. Nothing here imports torch, so configs load fast and models stay importable without Hydra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING  # the config's name, e.g. fox_pro (used in run names and plots)
+    arch: str = MISSING  # key in forgetting_transformer.models.MODEL_REGISTRY
+    vocab_size: int = MISSING
+    n_layers: int = MISSING
+    d_model: int = MISSING
+    n_heads: int = MISSING
+    head_dim: Optional[int] = None  # default d_model // n_heads
+    n_kv_heads: Optional[int] = None  # default n_heads (no GQA)
+    mlp_hidden_ratio: float = 8 / 3
+    mlp_multiple_of: int = 64
+    qk_norm: bool = False
+    output_gate: bool = False
+    output_norm: bool = False
+    kv_shift: bool = False
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+
+
+@dataclass
+class PrepareConfig:
+    """How the embedded corpus (or another local corpus) is turned into the LongCrawl64 layout on first use."""
+
+    inputs: list = field(default_factory=list)  # files or dirs; empty = the embedded Gutenberg sample
+    tokenizer: str = "train-bpe"  # train-bpe | gpt2 | path to a tokenizer.json
+    vocab_size: int = 4096
+    doc_len: int = 2048
+    min_doc_tokens: Optional[int] = None
+    heldout_docs: int = 2
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    data_dir: str = MISSING  # holds train.zarr and heldout.zarr
+    seq_len: int = MISSING
+    vocab_size: int = MISSING
+    bos_id: int = MISSING
+    shuffle: bool = True
+    prepare: Optional[PrepareConfig] = None  # set: build data_dir from a corpus on first run (idempotent)
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = MISSING
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "warmup_cosine"
+    warmup_tokens: int = MISSING
+    total_tokens: int = MISSING
+    min_lr_ratio: float = 0.0  # cosine decays to min_lr_ratio * lr
+
+
+@dataclass
+class StrategyConfig:
+    name: str = "single"
+    device: str = "auto"  # auto | cpu | cuda
+    mixed_precision: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = MISSING  # sequences per optimizer step, over all ranks
+    micro_batch_size: int = MISSING  # sequences per forward pass per rank
+    log_every: int = 10
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    max_steps: Optional[int] = None  # stop early (the schedule still follows schedule.total_tokens)
+
+
+@dataclass
+class EvalConfig:
+    heldout_batches: int = 8  # batches of data.seq_len from heldout.zarr for the held-out loss
+    per_token_loss: bool = True  # after training: L(i) over heldout rows, saved and plotted
+    per_token_rows: int = 8
+    per_token_len: Optional[int] = None  # default: the rows' full length (may exceed data.seq_len)
+    window: int = 101
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "disabled"  # disabled | offline | online
+    project: str = "forgetting-transformer"
+    name: Optional[str] = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    data: DataConfig = MISSING
+    optim: OptimConfig = MISSING
+    schedule: ScheduleConfig = MISSING
+    strategy: StrategyConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    output_dir: str = MISSING
+    cache_dir: str = MISSING
+    seed: int = 0
+    resume: bool = False
+
+
+SCHEMAS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
+           "strategy": StrategyConfig}
+
+
+def register_configs() -> None:
+    """Register the schemas so YAML files can extend them (``defaults: [<group>_schema, _self_]``)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    for group, schema in SCHEMAS.items():
+        cs.store(group=group, name=f"{group}_schema", node=schema)
+
+
+class ConfigError(ValueError):
+    """A config value is invalid; the message names the key."""
+
+
+def _require(cond: bool, key: str, value: Any, why: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid config: {key}={value!r}: {why}")
+
+
+def validate(cfg) -> None:
+    """Check values Hydra's types cannot; every error names the offending key and value."""
+    from omegaconf import OmegaConf
+
+    from .models import MODEL_REGISTRY  # local import: keeps this module torch-free at import
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"missing required config value(s): {', '.join(missing)} (set them on the command line, "
+                          f"e.g. {missing[0]}=...)")
+    m, d, o, s, st, t = cfg.model, cfg.data, cfg.optim, cfg.schedule, cfg.strategy, cfg.train
+    _require(m.arch in MODEL_REGISTRY, "model.arch", m.arch, f"unknown model; choose one of {sorted(MODEL_REGISTRY)}")
+    for key in ("vocab_size", "n_layers", "d_model", "n_heads"):
+        _require(m[key] > 0, f"model.{key}", m[key], "must be > 0")
+    head_dim = m.head_dim or m.d_model // m.n_heads
+    _require(m.head_dim is not None or m.d_model % m.n_heads == 0, "model.n_heads", m.n_heads,
+             f"must divide model.d_model={m.d_model} (or set model.head_dim)")
+    _require(head_dim > 0, "model.head_dim", m.head_dim, "must be > 0")
+    if m.n_kv_heads is not None:
+        _require(m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads", m.n_kv_heads,
+                 f"must divide model.n_heads={m.n_heads}")
+    _require(m.vocab_size == d.vocab_size, "model.vocab_size", m.vocab_size,
+             f"must equal data.vocab_size={d.vocab_size}")
+    _require(0 <= d.bos_id < d.vocab_size, "data.bos_id", d.bos_id, f"must be in [0, data.vocab_size={d.vocab_size})")
+    _require(d.seq_len > 0, "data.seq_len", d.seq_len, "must be > 0")
+    _require(o.name == "adamw", "optim.name", o.name, "only 'adamw' is implemented")
+    _require(o.lr > 0, "optim.lr", o.lr, "must be > 0")
+    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas),
+             "must be two values in [0, 1)")
+    _require(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
+    _require(o.grad_clip > 0, "optim.grad_clip", o.grad_clip, "must be > 0 (use a large value to disable)")
+    _require(s.name == "warmup_cosine", "schedule.name", s.name, "only 'warmup_cosine' is implemented")
+    _require(s.total_tokens > 0, "schedule.total_tokens", s.total_tokens, "must be > 0")
+    _require(0 <= s.warmup_tokens <= s.total_tokens, "schedule.warmup_tokens", s.warmup_tokens,
+             f"must be in [0, schedule.total_tokens={s.total_tokens}]")
+    _require(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", s.min_lr_ratio, "must be in [0, 1]")
+    _require(st.name == "single", "strategy.name", st.name,
+             "only 'single' (one process) is implemented; FSDP/DDP come with the training-at-scale issue")
+    _require(st.device in ("auto", "cpu", "cuda"), "strategy.device", st.device, "must be auto | cpu | cuda")
+    _require(st.mixed_precision in ("auto", "bf16", "off"), "strategy.mixed_precision", st.mixed_precision,
+             "must be auto | bf16 | off")
+    _require(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "must be > 0")
+    _require(t.batch_size > 0 and t.batch_size % t.micro_batch_size == 0, "train.batch_size", t.batch_size,
+             f"must be a positive multiple of train.micro_batch_size={t.micro_batch_size}")
+    for key in ("log_every", "checkpoint_every", "keep_checkpoints"):
+        _require(t[key] > 0, f"train.{key}", t[key], "must be > 0")
+    _require(t.max_steps is None or t.max_steps > 0, "train.max_steps", t.max_steps, "must be > 0 or null")
+    _require(cfg.wandb.mode in ("disabled", "offline", "online"), "wandb.mode", cfg.wandb.mode,
+             "must be disabled | offline | online")
+    _require(cfg.eval.window > 0 and cfg.eval.window % 2 == 1, "eval.window", cfg.eval.window, "must be odd and > 0")

@@ -1,0 +1,343 @@
+"""Reader for LongCrawl64-format token stores.
+
+Format
+------
+A data directory ``data_dir`` holds ``train.zarr`` and ``heldout.zarr``. Each is a
+2-D zarr array ``(num_docs, doc_len)`` of integer token ids (the real LongCrawl64:
+``doc_len = 65536``, GPT-2 ids, vocab 50257, BOS 50256, usually ``uint16``; zarr v2
+or v3 format). ``data_dir/meta.json`` is optional; our converter
+(:mod:`forgetting_transformer.data.prepare`) writes it with at least
+``vocab_size``, ``bos_id``, ``doc_len`` and ``tokenizer``.
+
+Training sequences
+------------------
+Every row is cut into ``doc_len // seq_len`` consecutive chunks. Sequence ``s`` is
+chunk ``s % chunks_per_row`` of row ``s // chunks_per_row``. For a chunk starting at
+``start``::
+
+    labels = row[start : start + seq_len]
+    inputs = rolled[start : start + seq_len],  rolled = [bos_id, row[0], ..., row[doc_len - 2]]
+
+so a chunk that starts mid-row gets ``inputs[0] = row[start - 1]``.
+
+Order: epoch ``e`` visits sequences in the order
+``np.random.default_rng([seed, e]).permutation(num_sequences)`` (``arange`` when
+``shuffle=False``). Step ``t`` of an epoch is the global batch
+``perm[t*G:(t+1)*G]`` with ``G = batch_size * world_size``; rank ``r`` takes the
+contiguous slice ``[r*batch_size:(r+1)*batch_size]`` of it. The last
+``num_sequences % G`` sequences of each epoch's permutation are dropped (a
+different set every epoch when shuffling), so ``steps_per_epoch =
+num_sequences // G``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["LongCrawl64Dataset", "read_rows", "load_meta", "open_token_array"]
+
+_PREPARE_HINT = (
+    "Point data.data_dir at a directory holding train.zarr/heldout.zarr (a LongCrawl64 "
+    "download, see docs/data.md), or build one with "
+    "`python scripts/prepare_corpus.py INPUT ... --out DIR`."
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_meta(data_dir) -> dict | None:
+    """Return the parsed ``data_dir/meta.json``, or ``None`` when there is none."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: expected a JSON object, found {type(meta).__name__}")
+    return meta
+
+
+def _check_vocab(path: Path, vocab_size: int, bos_id: int) -> None:
+    """Validate vocab_size/bos_id against each other and against meta.json beside ``path``."""
+    if not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
+        raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+    meta_path = path.parent / "meta.json"
+    meta = load_meta(path.parent) or {}
+    for key, value in (("vocab_size", vocab_size), ("bos_id", bos_id)):
+        if key in meta and int(meta[key]) != int(value):
+            raise ValueError(
+                f"{meta_path} says {key}={meta[key]} but the reader for {path} was given "
+                f"{key}={value}; set the model/data config to {key}={meta[key]} "
+                f"(the values the tokens were written with)."
+            )
+    if not isinstance(bos_id, (int, np.integer)) or not (0 <= bos_id < vocab_size):
+        raise ValueError(
+            f"bos_id={bos_id!r} must satisfy 0 <= bos_id < vocab_size={vocab_size}"
+        )
+
+
+def open_token_array(path):
+    """Open a 2-D integer zarr array read-only, with clear errors."""
+    import zarr
+
+    path = Path(path)
+    if not path.exists():
+        hint = ""
+        if path.suffix != ".zarr" and (path / "train.zarr").exists():
+            hint = f" (it contains train.zarr: pass {path / 'train.zarr'})"
+        raise FileNotFoundError(f"token array not found: {path}{hint}. {_PREPARE_HINT}")
+    if path.is_dir() and path.suffix != ".zarr" and (path / "train.zarr").exists():
+        raise ValueError(
+            f"{path} is a data directory, not a zarr array; pass {path / 'train.zarr'} "
+            f"or {path / 'heldout.zarr'}"
+        )
+    try:
+        arr = zarr.open_array(str(path), mode="r")
+    except Exception as e:  # zarr raises several types for "not an array"
+        raise ValueError(
+            f"{path}: could not open as a zarr array ({type(e).__name__}: {e}). {_PREPARE_HINT}"
+        ) from e
+    if arr.ndim != 2:
+        raise ValueError(
+            f"{path}: expected a 2-D array (num_docs, doc_len), found {arr.ndim}-D shape {arr.shape}"
+        )
+    dtype = np.dtype(arr.dtype)
+    if not np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+        raise ValueError(
+            f"{path}: expected an integer dtype of token ids (e.g. uint16), found dtype {dtype}"
+        )
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{path}: array is empty, shape {arr.shape}")
+    return arr
+
+
+def _check_tokens(path: Path, row: int, col0: int, tokens: np.ndarray, vocab_size: int) -> None:
+    if tokens.size == 0:
+        return
+    bad = (tokens >= vocab_size) | (tokens < 0) if np.issubdtype(tokens.dtype, np.signedinteger) \
+        else tokens >= vocab_size
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"{path}: row {row}, position {col0 + i} holds token id {int(tokens[i])}, "
+            f"outside [0, vocab_size={vocab_size}); {int(bad.sum())} bad ids in this read. "
+            f"Is vocab_size right for this data?"
+        )
+
+
+def _read_segments(arr, path: Path, rows: np.ndarray, starts: np.ndarray, length: int,
+                   vocab_size: int, bos_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read ``labels[i] = arr[rows[i], starts[i]:starts[i]+length]`` and the matching
+    BOS-rolled inputs. Reads are grouped by row (sorted), overlapping/adjacent ranges of a row
+    are merged into one slice read, and the original order is restored."""
+    n = len(rows)
+    labels = np.empty((n, length), dtype=np.int64)
+    inputs = np.empty((n, length), dtype=np.int64)
+    order = np.lexsort((starts, rows))  # sort by row, then start
+    i = 0
+    while i < n:
+        r = int(rows[order[i]])
+        lo = max(int(starts[order[i]]) - 1, 0)
+        hi = int(starts[order[i]]) + length
+        j = i + 1
+        while j < n and int(rows[order[j]]) == r and int(starts[order[j]]) - 1 <= hi:
+            hi = max(hi, int(starts[order[j]]) + length)
+            j += 1
+        seg = np.asarray(arr[r, lo:hi])
+        _check_tokens(path, r, lo, seg, vocab_size)
+        seg = seg.astype(np.int64, copy=False)
+        for k in order[i:j]:
+            s = int(starts[k])
+            labels[k] = seg[s - lo: s - lo + length]
+            if s == 0:
+                inputs[k, 0] = bos_id
+                inputs[k, 1:] = seg[0: length - 1]
+            else:
+                inputs[k] = seg[s - 1 - lo: s - 1 - lo + length]
+        i = j
+    return inputs, labels
+
+
+def _epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Bit-identical to ``np.random.default_rng([seed, epoch]).permutation(n)`` (shuffle of
+    an arange runs the same Fisher-Yates draws whatever the dtype), stored as int32 when it
+    fits to halve the memory for very large ``n``."""
+    dtype = np.int32 if n < 2**31 else np.int64
+    perm = np.arange(n, dtype=dtype)
+    if shuffle:
+        np.random.default_rng([seed, epoch]).shuffle(perm)
+    return perm
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+class LongCrawl64Dataset:
+    """Deterministic, resumable, rank-sharded iterator over ``seq_len`` chunks of a
+    LongCrawl64-format zarr array.
+
+    Iterating (``iter(ds)`` / ``ds.next_batch()``) advances the dataset's own read position,
+    which :meth:`state_dict` / :meth:`load_state_dict` save and restore exactly. Every
+    iterator created from the same dataset shares that position.
+    """
+
+    def __init__(self, path, seq_len: int, batch_size: int, *, rank: int = 0, world_size: int = 1,
+                 vocab_size: int = 50257, bos_id: int = 50256, shuffle: bool = True, seed: int = 0):
+        self.path = Path(path)
+        for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(world_size, (int, np.integer)) or world_size < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+        if not isinstance(rank, (int, np.integer)) or not (0 <= rank < world_size):
+            raise ValueError(f"rank must satisfy 0 <= rank < world_size={world_size}, got rank={rank!r}")
+        self.seq_len = int(seq_len)
+        self.batch_size = int(batch_size)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.vocab_size = int(vocab_size)
+        self.bos_id = int(bos_id)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+
+        self._arr = open_token_array(self.path)
+        _check_vocab(self.path, vocab_size, bos_id)
+        self.num_rows, self.doc_len = (int(x) for x in self._arr.shape)
+        if self.doc_len % self.seq_len != 0:
+            raise ValueError(
+                f"{self.path}: doc_len={self.doc_len} is not a multiple of seq_len={self.seq_len}; "
+                f"choose a seq_len that divides {self.doc_len}"
+            )
+        self.chunks_per_row = self.doc_len // self.seq_len
+        self.num_sequences = self.num_rows * self.chunks_per_row
+        self.global_batch_size = self.batch_size * self.world_size
+        if self.num_sequences < self.global_batch_size:
+            raise ValueError(
+                f"{self.path}: only {self.num_sequences} sequences of seq_len={self.seq_len} "
+                f"({self.num_rows} rows x {self.chunks_per_row}), fewer than one global batch of "
+                f"batch_size*world_size={self.batch_size}*{self.world_size}={self.global_batch_size}"
+            )
+        self.steps_per_epoch = self.num_sequences // self.global_batch_size
+
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self._perm: np.ndarray | None = None
+        self._perm_epoch = -1
+
+    # ------------------------------------------------------------------ iteration
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if self._perm_epoch != epoch:
+            self._perm = _epoch_permutation(self.num_sequences, self.seed, epoch, self.shuffle)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def sequence_indices(self, epoch: int, step: int) -> np.ndarray:
+        """Global sequence indices this rank reads at (epoch, step)."""
+        perm = self._permutation(epoch)
+        g0 = step * self.global_batch_size + self.rank * self.batch_size
+        return perm[g0: g0 + self.batch_size].astype(np.int64)
+
+    def read_sequences(self, seq_idx: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels) int64 tensors of shape (len(seq_idx), seq_len) for sequence indices."""
+        seq_idx = np.asarray(seq_idx, dtype=np.int64)
+        if seq_idx.size and (seq_idx.min() < 0 or seq_idx.max() >= self.num_sequences):
+            raise IndexError(f"sequence index out of range [0, {self.num_sequences})")
+        rows = seq_idx // self.chunks_per_row
+        starts = (seq_idx % self.chunks_per_row) * self.seq_len
+        inputs, labels = _read_segments(self._arr, self.path, rows, starts, self.seq_len,
+                                        self.vocab_size, self.bos_id)
+        return torch.from_numpy(inputs), torch.from_numpy(labels)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.step_in_epoch >= self.steps_per_epoch:
+            self.epoch += 1
+            self.step_in_epoch = 0
+        idx = self.sequence_indices(self.epoch, self.step_in_epoch)
+        batch = self.read_sequences(idx)
+        self.step_in_epoch += 1
+        return batch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            yield self.next_batch()
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the *next* batch to be read, plus the settings that define the order."""
+        return {
+            "epoch": int(self.epoch),
+            "step_in_epoch": int(self.step_in_epoch),
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "shuffle": self.shuffle,
+            "num_sequences": self.num_sequences,
+            "rank": self.rank,
+            "path": str(self.path),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore the read position. ``rank`` and ``path`` are informational (a rank may load
+        another rank's state); the settings that define the order must match."""
+        for key in ("epoch", "step_in_epoch"):
+            if key not in sd:
+                raise KeyError(f"data state_dict lacks {key!r}; found keys {sorted(sd)}")
+        for key in ("seq_len", "world_size", "seed", "batch_size", "shuffle", "num_sequences"):
+            if key in sd and sd[key] != getattr(self, key):
+                raise ValueError(
+                    f"cannot resume data order for {self.path}: checkpoint has {key}={sd[key]!r} "
+                    f"but this dataset has {key}={getattr(self, key)!r}"
+                )
+        epoch, step = int(sd["epoch"]), int(sd["step_in_epoch"])
+        if epoch < 0 or not (0 <= step <= self.steps_per_epoch):
+            raise ValueError(
+                f"invalid data state: epoch={epoch}, step_in_epoch={step} "
+                f"(steps_per_epoch={self.steps_per_epoch})"
+            )
+        self.epoch, self.step_in_epoch = epoch, step
+
+    def __repr__(self) -> str:
+        return (f"LongCrawl64Dataset({str(self.path)!r}, rows={self.num_rows}, doc_len={self.doc_len}, "
+                f"seq_len={self.seq_len}, batch_size={self.batch_size}, rank={self.rank}/"
+                f"{self.world_size}, steps_per_epoch={self.steps_per_epoch})")
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def read_rows(path, rows, length: int, *, bos_id: int = 50256,
+              vocab_size: int = 50257) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``length`` tokens of each given row, for evaluation.
+
+    Returns ``(inputs, labels)`` int64 tensors of shape ``(len(rows), length)`` with
+    ``labels = row[:length]`` and ``inputs = [bos_id, row[0], ..., row[length-2]]``.
+    ``length`` may exceed the training ``seq_len`` but not ``doc_len``.
+    """
+    path = Path(path)
+    arr = open_token_array(path)
+    _check_vocab(path, vocab_size, bos_id)
+    num_rows, doc_len = (int(x) for x in arr.shape)
+    if not isinstance(length, (int, np.integer)) or not (0 < length <= doc_len):
+        raise ValueError(f"{path}: length must satisfy 0 < length <= doc_len={doc_len}, got {length!r}")
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    if rows.size == 0:
+        raise ValueError("read_rows: no rows requested")
+    if rows.min() < 0 or rows.max() >= num_rows:
+        bad = rows[(rows < 0) | (rows >= num_rows)][0]
+        raise IndexError(f"{path}: row {int(bad)} out of range; the array has {num_rows} rows")
+    inputs, labels = _read_segments(arr, path, rows, np.zeros_like(rows), int(length),
+                                    int(vocab_size), int(bos_id))
+    return torch.from_numpy(inputs), torch.from_numpy(labels)

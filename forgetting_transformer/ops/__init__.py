@@ -1,0 +1,6 @@
+"""Attention ops. Imports nothing from the rest of the package."""
+
+from .forgetting_attention import forgetting_attention
+from .reference import forgetting_attention_ref
+
+__all__ = ["forgetting_attention", "forgetting_attention_ref"]

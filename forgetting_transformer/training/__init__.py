@@ -1,0 +1,1 @@
+"""Training machinery: optimizer groups, schedules, checkpoints, metrics, evaluation. Used by train.py and eval/."""

@@ -1,0 +1,50 @@
+"""Evaluation passes shared by train.py and eval/: held-out loss and per-token loss L(i)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+
+def autocast_context(device: torch.device, mixed_precision: bool):
+    if mixed_precision:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def per_token_loss(model, inputs: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device,
+                   mixed_precision: bool = False) -> np.ndarray:
+    """Mean loss at every position over the given rows: inputs/labels (N, T) → L (T,) float64."""
+    was_training = model.training
+    model.eval()
+    total = torch.zeros(inputs.shape[1], dtype=torch.float64)
+    for s in range(0, inputs.shape[0], batch_size):
+        x, y = inputs[s : s + batch_size].to(device), labels[s : s + batch_size].to(device)
+        with autocast_context(device, mixed_precision):
+            loss = model(x, y)  # (b, T)
+        total += loss.double().sum(0).cpu()
+    model.train(was_training)
+    return (total / inputs.shape[0]).numpy()
+
+
+@torch.no_grad()
+def heldout_loss(model, dataset, num_batches: int, *, device: torch.device, mixed_precision: bool = False) -> float:
+    """Mean token loss over the first ``num_batches`` batches of an (unshuffled) dataset."""
+    if num_batches > dataset.steps_per_epoch:
+        raise ValueError(f"eval.heldout_batches={num_batches} exceeds the {dataset.steps_per_epoch} batches the "
+                         "held-out split holds at this batch size and seq_len")
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    it = iter(dataset)
+    for _ in range(num_batches):
+        x, y = next(it)
+        with autocast_context(device, mixed_precision):
+            loss = model(x.to(device), y.to(device))
+        total += loss.double().sum().item()
+        count += loss.numel()
+    model.train(was_training)
+    return total / count

@@ -1,0 +1,91 @@
+"""Per-step metrics: FLOPs per token, MFU, and one record per log step to stdout, metrics.jsonl and wandb."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+from pathlib import Path
+
+import torch
+
+# Dense bf16 peak FLOP/s by device-name substring (checked in order). Override with train.peak_tflops.
+PEAK_BF16_FLOPS = (
+    ("H200", 989.5e12),
+    ("H100", 989.5e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("A6000", 154.8e12),
+    ("4090", 165.2e12),
+)
+
+
+def flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
+    """Training FLOPs per token, PaLM's definition (Chowdhery et al. 2022, App. B): ``6 N + 12 L H Q T``.
+
+    ``N`` counts the parameters that do matmul work (all but the input embedding table); the attention term is
+    PaLM's, not halved for causality, so MFU is comparable with PaLM/torchtitan figures.
+    """
+    return 6 * n_params + 12 * n_layers * n_heads * head_dim * seq_len
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """Parameters that take part in matmuls: everything except embedding tables."""
+    emb = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    return sum(p.numel() for p in model.parameters()) - emb
+
+
+def peak_flops(device: torch.device, override_tflops: float | None = None) -> float | None:
+    """Peak dense bf16 FLOP/s of ``device``; None when unknown (CPU), so MFU is reported as null, not guessed."""
+    if override_tflops is not None:
+        return override_tflops * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak GPU memory allocated (CUDA) or peak resident set size of this process (CPU), in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+
+
+class MetricsLogger:
+    """Writes each record as one stdout line, one metrics.jsonl row and (if enabled) one wandb log."""
+
+    def __init__(self, path: str | Path, wandb_run=None):
+        self.path = Path(path)
+        self.wandb_run = wandb_run
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows logged after ``step`` (they were produced after the checkpoint a run resumes from)."""
+        if not self.path.exists():
+            return
+        rows = [line for line in self.path.read_text().splitlines() if line.strip()]
+        kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
+        self.path.write_text("".join(r + "\n" for r in kept))
+
+    def log(self, record: dict) -> None:
+        print(format_record(record), flush=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in record.items() if v is not None}, step=record["step"])
+
+
+def _fmt(key: str, value) -> str:
+    if value is None:
+        return f"{key} n/a"
+    if isinstance(value, float):
+        if key == "lr":
+            return f"{key} {value:.2e}"
+        if key == "mfu":
+            return f"{key} {100 * value:.1f}%"
+        return f"{key} {value:.4g}" if math.isfinite(value) else f"{key} {value}"
+    return f"{key} {value}"
+
+
+def format_record(record: dict) -> str:
+    return " | ".join(_fmt(k, v) for k, v in record.items())

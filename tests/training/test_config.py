@@ -1,0 +1,83 @@
+"""Config composition and validation: Hydra rejects unknown/mistyped keys, validate() names bad values."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
+
+from forgetting_transformer.config import ConfigError, register_configs, validate
+
+CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
+register_configs()
+
+
+def load(*overrides):
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_default_config_composes_and_validates():
+    cfg = load()
+    validate(cfg)
+    assert cfg.model.name == "fox_pro" and cfg.model.kv_shift and cfg.model.qk_norm
+    assert cfg.model.vocab_size == cfg.data.vocab_size == 4096
+    assert cfg.optim.betas == [0.9, 0.95] and cfg.optim.weight_decay == 0.1 and cfg.optim.grad_clip == 1.0
+
+
+def test_groups_and_overrides_compose():
+    cfg = load("model=fox_llama", "optim.lr=1e-3", "data=longcrawl64", "data.data_dir=/x")
+    validate(cfg)
+    assert cfg.model.name == "fox_llama" and not cfg.model.output_gate
+    assert cfg.optim.lr == 1e-3 and cfg.data.vocab_size == cfg.model.vocab_size == 50257
+
+
+def test_unknown_key_is_hydras_error():
+    with pytest.raises(ConfigCompositionException, match="nope"):
+        load("model.nope=1")
+
+
+def test_wrong_type_is_hydras_error():
+    with pytest.raises(ConfigCompositionException, match="n_layers"):
+        load("model.n_layers=many")
+
+
+def test_missing_required_value_names_the_key():
+    cfg = load("data=longcrawl64")
+    with pytest.raises(ConfigError, match=r"data.data_dir"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim.lr=-1", "optim.lr=-1.0"),
+        ("model.n_heads=5", "model.n_heads=5"),
+        ("model.arch=gpt9", "model.arch='gpt9'"),
+        ("train.batch_size=10", "train.batch_size=10"),
+        ("schedule.warmup_tokens=999999999999", "schedule.warmup_tokens"),
+        ("strategy.name=fsdp", "strategy.name='fsdp'"),
+        ("wandb.mode=sometimes", "wandb.mode='sometimes'"),
+        ("data.bos_id=5000", "data.bos_id=5000"),
+        ("model.n_kv_heads=3", "model.n_kv_heads=3"),
+    ],
+)
+def test_invalid_values_name_the_key(override, key):
+    cfg = load(override)
+    with pytest.raises(ConfigError, match=key.replace("(", r"\(").replace("[", r"\[")):
+        validate(cfg)
+
+
+def test_model_vocab_must_match_data():
+    cfg = load("model.vocab_size=100")
+    with pytest.raises(ConfigError, match="model.vocab_size=100"):
+        validate(cfg)
+
+
+def test_schema_types_are_enforced_after_compose():
+    cfg = load()
+    with pytest.raises(ValidationError):
+        cfg.train.batch_size = "lots"
+    assert OmegaConf.is_missing(load("data=longcrawl64").data, "data_dir")

@@ -1,0 +1,117 @@
+"""train.py end to end in subprocesses: a run killed with SIGKILL and resumed logs the same losses as an
+uninterrupted run; checkpoints, metrics.jsonl, held-out loss and the per-token-loss plot are written."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+ROOT = Path(__file__).resolve().parents[2]
+VOCAB, DOC_LEN = 64, 256
+
+
+def markov_rows(n_rows, seed):
+    """Rows from a sparse first-order Markov chain: learnable, so the loss visibly drops."""
+    rng = np.random.default_rng(seed)
+    nxt = np.random.default_rng(0).integers(1, VOCAB, size=(VOCAB, 3))  # 3 successors per token, fixed
+    rows = np.empty((n_rows, DOC_LEN), dtype=np.uint16)
+    for r in range(n_rows):
+        t = rng.integers(1, VOCAB)
+        for i in range(DOC_LEN):
+            rows[r, i] = t
+            t = nxt[t, rng.integers(0, 3)]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    for name, n, seed in (("train.zarr", 16, 1), ("heldout.zarr", 4, 2)):
+        arr = zarr.create_array(str(d / name), shape=(n, DOC_LEN), chunks=(1, DOC_LEN), dtype="uint16")
+        arr[:] = markov_rows(n, seed)
+    return d
+
+
+def command(data_dir, out, *extra):
+    return [
+        sys.executable, str(ROOT / "train.py"), f"output_dir={out}", "data=longcrawl64", f"data.data_dir={data_dir}",
+        "data.seq_len=128", f"data.vocab_size={VOCAB}", "data.bos_id=0", "model.n_layers=2", "model.d_model=64",
+        "model.n_heads=2", "train.batch_size=8", "train.micro_batch_size=4", "train.log_every=1",
+        "train.checkpoint_every=4", "optim.lr=3e-3", "schedule.warmup_tokens=2048", "schedule.total_tokens=12288",
+        "eval.heldout_batches=2", "eval.per_token_rows=4", "eval.window=11", *extra,
+    ]
+
+
+def run(cmd, **kw):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, **kw)
+
+
+def rows(out):
+    return [json.loads(r) for r in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_losses(data_dir, tmp_path):
+    full = tmp_path / "full"
+    res = run(command(data_dir, full))
+    assert res.returncode == 0, res.stderr[-3000:]
+    reference = rows(full)
+    train_rows = [r for r in reference if "loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(1, 13))
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"] - 0.5  # it learns
+    for key in ("loss", "grad_norm", "lr", "tokens_per_s", "tflops", "mfu", "memory_gib"):
+        assert key in train_rows[0]
+    assert reference[-1]["heldout_loss"] < np.log(VOCAB)
+    assert (full / "per_token_loss.png").stat().st_size > 10_000
+    assert len(json.loads((full / "per_token_loss.json").read_text())["loss"]) == DOC_LEN
+    assert sorted(p.name for p in (full / "checkpoints").iterdir()) == ["step_00000008", "step_00000012"]
+
+    # Same run, killed with SIGKILL after step 5 (checkpoint at step 4), then resumed.
+    killed = tmp_path / "killed"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(command(data_dir, killed), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        metrics = killed / "metrics.jsonl"
+        if metrics.exists() and any(json.loads(r)["step"] >= 5 for r in metrics.read_text().splitlines() if r):
+            break
+        assert proc.poll() is None, "run finished before it could be killed:\n" + proc.stdout.read()[-3000:]
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    last_before_kill = max(r["step"] for r in rows(killed))
+    assert last_before_kill < 12, "the run was not interrupted"
+
+    res = run(command(data_dir, killed, "resume=true"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "resumed from" in res.stdout
+    resumed = rows(killed)
+    assert [r["step"] for r in resumed] == [r["step"] for r in reference]  # no duplicated or missing rows
+    for a, b in zip(reference, resumed):
+        for key in ("loss", "grad_norm", "lr", "heldout_loss"):
+            assert a.get(key) == b.get(key), (a["step"], key, a.get(key), b.get(key))  # exactly equal
+
+
+def test_refuses_to_overwrite_a_run_without_resume(data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run(command(data_dir, out, "train.max_steps=4", "eval.per_token_loss=false")).returncode == 0
+    res = run(command(data_dir, out, "train.max_steps=4"))
+    assert res.returncode != 0 and "pass resume=true" in res.stderr
+
+
+def test_bad_config_value_fails_naming_the_key(data_dir, tmp_path):
+    res = run(command(data_dir, tmp_path / "x", "optim.lr=-0.1"))
+    assert res.returncode != 0 and "optim.lr=-0.1" in res.stderr
+
+
+def test_missing_data_dir_fails_clearly(tmp_path):
+    res = run(command(tmp_path / "nowhere", tmp_path / "x"))
+    assert res.returncode != 0 and "nowhere" in res.stderr and "train.zarr" in res.stderr
