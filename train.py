@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from pathlib import Path
 
 import hydra
@@ -41,7 +42,7 @@ def setup_wandb(cfg, out: Path):
 
     # The run id is stored beside the checkpoints so a resumed run continues the same wandb run.
     id_file = out / "wandb_id.txt"
-    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
     id_file.write_text(run_id)
     return wandb.init(mode=cfg.wandb.mode, project=cfg.wandb.project, name=cfg.wandb.name or out.name, id=run_id,
                       resume="allow", dir=str(out), config=OmegaConf.to_container(cfg, resolve=True))

@@ -61,7 +61,7 @@ def test_missing_required_value_names_the_key():
         ("strategy.name=fsdp", "strategy.name='fsdp'"),
         ("wandb.mode=sometimes", "wandb.mode='sometimes'"),
         ("data.bos_id=5000", "data.bos_id=5000"),
-        ("model.n_kv_heads=3", "model.n_kv_heads=3"),
+        ("model.n_kv_heads=2", "model.n_kv_heads=2"),
     ],
 )
 def test_invalid_values_name_the_key(override, key):

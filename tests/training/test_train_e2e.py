@@ -49,9 +49,9 @@ def command(data_dir, out, *extra):
     ]
 
 
-def run(cmd, **kw):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, **kw)
+def run(cmd, env=None):
+    env = dict(env or os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def rows(out):
@@ -115,3 +115,16 @@ def test_bad_config_value_fails_naming_the_key(data_dir, tmp_path):
 def test_missing_data_dir_fails_clearly(tmp_path):
     res = run(command(tmp_path / "nowhere", tmp_path / "x"))
     assert res.returncode != 0 and "nowhere" in res.stderr and "train.zarr" in res.stderr
+
+
+def test_wandb_offline_logs_locally_and_resumes_the_same_run(data_dir, tmp_path):
+    out = tmp_path / "run"
+    extra = ("wandb.mode=offline", "train.max_steps=2", "eval.per_token_loss=false")
+    res = run(command(data_dir, out, *extra), env=dict(os.environ, WANDB_SILENT="true"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    run_id = (out / "wandb_id.txt").read_text().strip()
+    runs = list((out / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    res = run(command(data_dir, out, *extra[:1], "train.max_steps=3", "resume=true", "eval.per_token_loss=false"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (out / "wandb_id.txt").read_text().strip() == run_id

@@ -1,0 +1,78 @@
+"""eval.per_token_loss on runs written by train.py: JSON per run, overlay plot, re-plot without the model."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from eval.common import load_run
+from eval.per_token_loss import plot, run
+from forgetting_transformer.data import read_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ptl")
+    rng = np.random.default_rng(0)
+    for name, n in (("train.zarr", 8), ("heldout.zarr", 3)):
+        arr = zarr.create_array(str(tmp / "data" / name), shape=(n, 256), chunks=(1, 256), dtype="uint16")
+        arr[:] = rng.integers(0, 50, size=(n, 256))
+    out = []
+    for model in ("fox_pro", "fox_llama"):
+        d = tmp / model
+        cmd = [sys.executable, str(ROOT / "train.py"), f"output_dir={d}", f"model={model}", "data=longcrawl64",
+               f"data.data_dir={tmp / 'data'}", "data.seq_len=64", "data.vocab_size=50", "data.bos_id=0",
+               "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "train.batch_size=4",
+               "train.micro_batch_size=4", "train.max_steps=2", "eval.heldout_batches=1", "eval.per_token_loss=false"]
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        assert res.returncode == 0, res.stderr[-3000:]
+        out.append(d)
+    return tmp, out
+
+
+def test_load_run_restores_the_trained_weights(runs):
+    tmp, (fox_pro, _) = runs
+    model, cfg, ckpt = load_run(fox_pro)
+    assert cfg.model.name == "fox_pro" and ckpt.name == "step_00000002"
+    x, y = read_rows(tmp / "data" / "heldout.zarr", [0], 64, vocab_size=50, bos_id=0)
+    fresh = load_run(fox_pro)[0]
+    torch.testing.assert_close(model(x, y), fresh(x, y), rtol=0, atol=0)  # deterministic, fully loaded
+    with pytest.raises(FileNotFoundError, match="step 7"):
+        load_run(fox_pro, step=7)
+    with pytest.raises(FileNotFoundError, match="config.yaml"):
+        load_run(tmp)
+
+
+def test_cli_evaluates_beyond_training_length_and_plots(runs, tmp_path):
+    tmp, dirs = runs
+    out = tmp_path / "res"
+    run.main([str(d) for d in dirs] + ["--out", str(out), "--rows", "3", "--length", "256", "--window", "5",
+                                        "--device", "cpu"])
+    results = sorted(out.glob("*.json"))
+    assert [p.stem for p in results] == ["fox_llama", "fox_pro"]
+    res = json.loads(results[1].read_text())
+    assert len(res["loss"]) == 256 and res["train_len"] == 64 and res["step"] == 2
+    # L(i) is the mean over rows of the model's per-token loss: check one position independently.
+    model, _, _ = load_run(dirs[0])
+    x, y = read_rows(tmp / "data" / "heldout.zarr", [0, 1, 2], 256, vocab_size=50, bos_id=0)
+    with torch.no_grad():
+        expected = model(x, y).double().mean(0)
+    np.testing.assert_allclose(res["loss"], expected.numpy(), rtol=1e-5)
+    assert (out / "per_token_loss.png").stat().st_size > 10_000
+    replot = plot.plot_per_token_loss(results, tmp_path / "again.png", window=3, logx=True)
+    assert replot.stat().st_size > 10_000
+
+
+def test_length_beyond_the_rows_is_a_clear_error(runs, tmp_path):
+    _, dirs = runs
+    with pytest.raises(ValueError, match="512"):
+        run.evaluate_run(dirs[0], tmp_path, rows=1, length=512, batch_size=1, device="cpu")
