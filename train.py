@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from eval.per_token_loss.plot import plot_per_token_loss
 from forgetting_transformer.config import register_configs, validate
 from forgetting_transformer.data import LongCrawl64Dataset, ensure_data, read_rows
-from forgetting_transformer.models import build_model
+from forgetting_transformer.models import build_model, resolve_heads
 from forgetting_transformer.training.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from forgetting_transformer.training.evaluate import autocast_context, heldout_loss, per_token_loss
 from forgetting_transformer.training.metrics import (MetricsLogger, flops_per_token, matmul_params, peak_flops,
@@ -89,9 +89,8 @@ def main(cfg) -> None:
     if train.max_steps is not None:
         total_steps = min(total_steps, train.max_steps)
     n_params = sum(p.numel() for p in model.parameters())
-    head_dim = cfg.model.head_dim or cfg.model.d_model // cfg.model.n_heads
-    flops_tok = flops_per_token(matmul_params(model), cfg.model.n_layers, cfg.model.n_heads, head_dim,
-                                cfg.data.seq_len)
+    head_dim, n_heads, _ = resolve_heads(cfg.model)
+    flops_tok = flops_per_token(matmul_params(model), cfg.model.n_layers, n_heads, head_dim, cfg.data.seq_len)
     peak = peak_flops(device)
     print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M parameters | device {device} | bf16 {mixed} | "
           f"{total_steps} steps of {tokens_per_step:,} tokens ({accum} micro-batches of {mb})", flush=True)

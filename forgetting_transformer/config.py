@@ -20,17 +20,22 @@ class ModelConfig:
     vocab_size: int = MISSING
     n_layers: int = MISSING
     d_model: int = MISSING
-    n_heads: int = MISSING
-    head_dim: Optional[int] = None  # default d_model // n_heads
+    head_dim: int = 64
+    n_heads: Optional[int] = None  # default d_model // head_dim
     n_kv_heads: Optional[int] = None  # default n_heads (no GQA)
     mlp_hidden_ratio: float = 8 / 3
     mlp_multiple_of: int = 64
+    fgate: str = "data_dependent"  # data_dependent | data_independent | fixed | none (softmax Transformer)
+    fgate_init: Optional[list] = None  # [T_min, T_max]: forget-gate bias init by decay time constants
+    rope: bool = False
+    rope_base: float = 500000.0
     qk_norm: bool = False
     output_gate: bool = False
     output_norm: bool = False
     kv_shift: bool = False
     norm_eps: float = 1e-6
     init_std: float = 0.02
+    loss_chunk: int = 4096  # tokens per chunk of the LM head + cross-entropy (bounds fp32 logits memory)
 
 
 @dataclass
@@ -158,15 +163,26 @@ def validate(cfg) -> None:
                           f"e.g. {missing[0]}=...)")
     m, d, o, s, st, t = cfg.model, cfg.data, cfg.optim, cfg.schedule, cfg.strategy, cfg.train
     _require(m.arch in MODEL_REGISTRY, "model.arch", m.arch, f"unknown model; choose one of {sorted(MODEL_REGISTRY)}")
-    for key in ("vocab_size", "n_layers", "d_model", "n_heads"):
+    for key in ("vocab_size", "n_layers", "d_model", "head_dim", "loss_chunk"):
         _require(m[key] > 0, f"model.{key}", m[key], "must be > 0")
-    head_dim = m.head_dim or m.d_model // m.n_heads
-    _require(m.head_dim is not None or m.d_model % m.n_heads == 0, "model.n_heads", m.n_heads,
-             f"must divide model.d_model={m.d_model} (or set model.head_dim)")
-    _require(head_dim > 0, "model.head_dim", m.head_dim, "must be > 0")
+    _require(m.n_heads is not None or m.d_model % m.head_dim == 0, "model.head_dim", m.head_dim,
+             f"must divide model.d_model={m.d_model} (or set model.n_heads)")
+    n_heads = m.n_heads or m.d_model // m.head_dim
+    _require(n_heads > 0, "model.n_heads", m.n_heads, "must be > 0")
     if m.n_kv_heads is not None:
-        _require(m.n_kv_heads > 0 and m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads", m.n_kv_heads,
-                 f"must divide model.n_heads={m.n_heads}")
+        _require(m.n_kv_heads > 0 and n_heads % m.n_kv_heads == 0, "model.n_kv_heads", m.n_kv_heads,
+                 f"must divide the number of heads ({n_heads})")
+    _require(m.fgate in ("data_dependent", "data_independent", "fixed", "none"), "model.fgate", m.fgate,
+             "must be data_dependent | data_independent | fixed | none")
+    if m.fgate in ("data_independent", "fixed"):
+        _require(m.fgate_init is not None, "model.fgate_init", m.fgate_init,
+                 f"model.fgate={m.fgate} needs [T_min, T_max] to initialise the gate biases")
+    if m.fgate_init is not None:
+        _require(m.fgate != "none", "model.fgate_init", list(m.fgate_init), "needs a forget gate (model.fgate)")
+        _require(len(m.fgate_init) == 2 and 1 < m.fgate_init[0] <= m.fgate_init[1], "model.fgate_init",
+                 list(m.fgate_init), "must be [T_min, T_max] with 1 < T_min <= T_max")
+    _require(m.rope_base > 0, "model.rope_base", m.rope_base, "must be > 0")
+    _require(not m.rope or m.head_dim % 2 == 0, "model.head_dim", m.head_dim, "must be even with model.rope")
     _require(m.vocab_size == d.vocab_size, "model.vocab_size", m.vocab_size,
              f"must equal data.vocab_size={d.vocab_size}")
     _require(0 <= d.bos_id < d.vocab_size, "data.bos_id", d.bos_id, f"must be in [0, data.vocab_size={d.vocab_size})")

@@ -1,4 +1,8 @@
-"""Model registry: ``model.arch`` → builder. Named sizes live in ``configs/model/size/`` (data, not code)."""
+"""Model registry: ``model.arch`` → builder. Named sizes live in ``configs/model/size/`` (data, not code).
+
+``decoder`` is the one decoder-only architecture behind FoX (LLaMA/Pro), the Transformer (LLaMA/Pro) and the
+paper's ablations; they differ only in config switches (see ``configs/model/``).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,10 @@ from typing import Callable
 
 import torch.nn as nn
 
-from .fox import FoXModel
+from .decoder import DecoderLM, resolve_heads
 
 MODEL_REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "fox": FoXModel,
+    "decoder": DecoderLM,
 }
 
 
@@ -20,4 +24,4 @@ def build_model(cfg) -> nn.Module:
     return MODEL_REGISTRY[cfg.arch](cfg)
 
 
-__all__ = ["MODEL_REGISTRY", "build_model", "FoXModel"]
+__all__ = ["MODEL_REGISTRY", "build_model", "DecoderLM", "resolve_heads"]

@@ -1,4 +1,4 @@
-"""Building blocks shared by the models: RMSNorm, SwiGLU, KV-shift, and the Forgetting Attention layer."""
+"""Building blocks shared by the models: RMSNorm, SwiGLU, rotary embedding, KV-shift, forget gates, attention."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import forgetting_attention
+
+FGATE_TYPES = ("data_dependent", "data_independent", "fixed", "none")
 
 
 class RMSNorm(nn.Module):
@@ -37,6 +39,20 @@ class SwiGLU(nn.Module):
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
 
 
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary position embedding (rotate-half convention) of x (B, T, H, D) at integer positions (T,) or (B, T)."""
+    D = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)  # (D/2,)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (T, D/2) or (B, T, D/2)
+    if angles.dim() == 2:
+        angles = angles[None]
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, :, None, :]  # (B|1, T, 1, D)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, :, None, :]
+    xf = x.float()
+    rotated = torch.cat([-xf[..., D // 2 :], xf[..., : D // 2]], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
 class KVShift(nn.Module):
     """Data-dependent token shift: ``y_t = a_t * x_{t-1} + (1 - a_t) * x_t``, ``a_t = sigmoid(w . h_t)`` per head.
 
@@ -54,39 +70,80 @@ class KVShift(nn.Module):
         return (alpha * x_prev.float() + (1 - alpha) * x.float()).to(x.dtype)
 
 
-class ForgettingAttentionLayer(nn.Module):
-    """Multi-head Forgetting Attention with the FoX (Pro) options, each a separate switch.
+def decay_bias_init(n_heads: int, t_min: float, t_max: float) -> torch.Tensor:
+    """Forget-gate biases whose decay time constants ``T_h = -1 / log sigmoid(b_h)`` are geometrically spaced
+    from ``t_min`` to ``t_max`` over the heads. With these as fixed gates, the decay bias ``-(i - j) / T_h`` is
+    exactly ALiBi with slopes ``1/t_min … 1/t_max``."""
+    if n_heads == 1:
+        t = torch.tensor([float(t_min)], dtype=torch.float64)
+    else:
+        t = t_min * (t_max / t_min) ** (torch.arange(n_heads, dtype=torch.float64) / (n_heads - 1))
+    f = torch.exp(-1.0 / t)  # gate value with that time constant
+    return torch.log(f) - torch.log1p(-f)  # logit(f), in float64 for t_max in the 1e5 range
 
-    Order inside the layer (as in the paper's Pro block): project q/k/v → KV-shift → QK-norm →
-    forgetting attention with ``log f = logsigmoid(W_f x + b_f)`` → output norm → output gate → o_proj.
+
+class ForgetGate(nn.Module):
+    """log f_t per head and token, (B, T, H) fp32, for the three gate types of the paper:
+
+    - ``data_dependent``: ``f = sigmoid(W_f x + b_f)``;
+    - ``data_independent``: ``f = sigmoid(b_f)`` with trained ``b_f``;
+    - ``fixed``: ``f = sigmoid(b_f)`` with ``b_f`` frozen at its initialisation (ALiBi).
+    ``init_range = (T_min, T_max)`` initialises ``b_f`` with ``decay_bias_init`` (required for the last two).
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        head_dim: int,
-        n_kv_heads: int,
-        *,
-        qk_norm: bool = False,
-        output_gate: bool = False,
-        output_norm: bool = False,
-        kv_shift: bool = False,
-        norm_eps: float = 1e-6,
-    ):
+    def __init__(self, d_model: int, n_heads: int, kind: str, init_range=None):
         super().__init__()
+        if kind not in FGATE_TYPES[:3]:
+            raise ValueError(f"model.fgate={kind!r}: must be one of {FGATE_TYPES}")
+        self.kind = kind
+        self.init_range = tuple(init_range) if init_range is not None else None
+        if kind == "data_dependent":
+            self.proj = nn.Linear(d_model, n_heads, bias=True)
+        elif kind == "data_independent":
+            self.bias = nn.Parameter(torch.zeros(n_heads))
+        else:
+            self.register_buffer("bias", torch.zeros(n_heads))
+        self.reset_bias()
+
+    def reset_bias(self) -> None:
+        bias = self.proj.bias if self.kind == "data_dependent" else self.bias
+        with torch.no_grad():
+            if self.init_range is None:
+                bias.zero_()
+            else:
+                bias.copy_(decay_bias_init(bias.numel(), *self.init_range))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32: log f accumulates over thousands of tokens.
+        if self.kind == "data_dependent":
+            return F.logsigmoid(self.proj(x).float())  # (B, T, H)
+        return F.logsigmoid(self.bias.float()).expand(x.shape[0], x.shape[1], -1)  # (B, T, H)
+
+
+class Attention(nn.Module):
+    """Multi-head causal attention with every FoX / Transformer switch of the paper.
+
+    Order inside the layer (the paper's Pro block): project q/k/v → KV-shift → QK-norm → RoPE →
+    attention (Forgetting Attention when there is a forget gate, else softmax attention) → output norm →
+    output gate → o_proj.
+    """
+
+    def __init__(self, cfg, head_dim: int, n_heads: int, n_kv_heads: int):
+        super().__init__()
+        d = cfg.d_model
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=False)
-        self.fgate_proj = nn.Linear(d_model, n_heads, bias=True)
-        self.k_shift = KVShift(d_model, n_kv_heads) if kv_shift else None
-        self.v_shift = KVShift(d_model, n_kv_heads) if kv_shift else None
-        self.q_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, norm_eps) if qk_norm else None
-        self.o_norm = RMSNorm(head_dim, norm_eps) if output_norm else None
-        self.g_proj = nn.Linear(d_model, n_heads * head_dim, bias=False) if output_gate else None
+        self.rope_base = cfg.rope_base if cfg.rope else None
+        self.q_proj = nn.Linear(d, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
+        self.fgate = None if cfg.fgate == "none" else ForgetGate(d, n_heads, cfg.fgate, cfg.fgate_init)
+        self.k_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
+        self.v_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
+        self.q_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.o_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.output_norm else None
+        self.g_proj = nn.Linear(d, n_heads * head_dim, bias=False) if cfg.output_gate else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -94,15 +151,22 @@ class ForgettingAttentionLayer(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
         if self.k_shift is not None:
-            k = self.k_shift(x, k)
-            v = self.v_shift(x, v)
+            k, v = self.k_shift(x, k), self.v_shift(x, v)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        # The gate is computed in fp32: log f accumulates over thousands of tokens.
-        log_fgate = F.logsigmoid(self.fgate_proj(x).float())  # (B, T, H)
-        o = forgetting_attention(q, k, v, log_fgate)  # (B, T, H, D)
+        if self.rope_base is not None:
+            pos = torch.arange(T, device=x.device)
+            q, k = apply_rotary(q, pos, self.rope_base), apply_rotary(k, pos, self.rope_base)
+        if self.fgate is not None:
+            o = forgetting_attention(q, k, v, self.fgate(x))  # (B, T, H, D)
+        else:
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            ).transpose(1, 2)  # (B, T, H, D)
         if self.o_norm is not None:
             o = self.o_norm(o)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x)).view(B, T, self.n_heads, self.head_dim)
         return self.o_proj(o.reshape(B, T, self.n_heads * self.head_dim))
+

@@ -54,7 +54,10 @@ def test_missing_required_value_names_the_key():
     "override, key",
     [
         ("optim.lr=-1", "optim.lr=-1.0"),
-        ("model.n_heads=5", "model.n_heads=5"),
+        ("model.head_dim=100", "model.head_dim=100"),
+        ("model.fgate=sometimes", "model.fgate=.sometimes."),
+        ("model.fgate=fixed", "model.fgate_init=None"),
+        ("model.fgate_init=[0.5,10]", "model.fgate_init=[0.5, 10]"),
         ("model.arch=gpt9", "model.arch='gpt9'"),
         ("train.batch_size=10", "train.batch_size=10"),
         ("schedule.warmup_tokens=999999999999", "schedule.warmup_tokens"),

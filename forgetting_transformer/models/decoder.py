@@ -1,0 +1,91 @@
+"""Decoder-only LM covering FoX and the Transformer baselines of the paper, every difference a config switch.
+
+- FoX (LLaMA): pre-norm RMSNorm blocks, Forgetting Attention (``fgate=data_dependent``), SwiGLU, no RoPE.
+- FoX (Pro): + QK-norm, output gate, output norm, KV-shift.
+- Transformer (LLaMA) / (Pro): ``fgate=none`` with RoPE (softmax attention through SDPA).
+- Ablations: ``fgate=data_independent|fixed`` with ``fgate_init=[T_min, T_max]``; FoX + RoPE (``rope=true``).
+Untied LM head; N(0, init_std) initialisation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .layers import Attention, ForgetGate, RMSNorm, SwiGLU, mlp_hidden_size
+
+
+def resolve_heads(cfg) -> tuple[int, int, int]:
+    """(head_dim, n_heads, n_kv_heads): ``n_heads`` defaults to ``d_model // head_dim`` so sweeping head_dim keeps
+    the width; ``n_kv_heads`` defaults to ``n_heads`` (no GQA)."""
+    n_heads = cfg.n_heads or cfg.d_model // cfg.head_dim
+    return cfg.head_dim, n_heads, cfg.n_kv_heads or n_heads
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, *resolve_heads(cfg))
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.d_model, mlp_hidden_size(cfg.d_model, cfg.mlp_hidden_ratio, cfg.mlp_multiple_of))
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def _chunk_loss(h, weight, labels):
+    return F.cross_entropy(F.linear(h, weight).float().transpose(1, 2), labels, reduction="none")
+
+
+def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Per-token loss (B, T) of ``logits = h @ weight.T`` without holding fp32 logits for the whole sequence:
+    ``chunk`` tokens at a time, each chunk's logits recomputed in the backward pass."""
+    if h.shape[1] <= chunk:
+        return _chunk_loss(h, weight, labels)
+    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    parts = []
+    for s in range(0, h.shape[1], chunk):
+        args = (h[:, s : s + chunk], weight, labels[:, s : s + chunk])
+        parts.append(checkpoint(_chunk_loss, *args, use_reentrant=False) if grad else _chunk_loss(*args))
+    return torch.cat(parts, dim=1)
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """N(0, init_std) for every linear and embedding weight, zero biases, unit norm weights; forget-gate biases
+        zero or from ``fgate_init``."""
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, mean=0.0, std=self.cfg.init_std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+        for m in self.modules():
+            if isinstance(m, ForgetGate):
+                m.reset_bias()
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) → per-token loss (B, T) in fp32 when labels are given, else logits (B, T, V)."""
+        if input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"token id {int(input_ids.max())} >= model.vocab_size={self.cfg.vocab_size}")
+        x = self.embed(input_ids)  # (B, T, d_model)
+        for block in self.blocks:
+            x = block(x)
+        h = self.norm(x)
+        if labels is None:
+            return self.lm_head(h)  # (B, T, V)
+        return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk)  # (B, T)
