@@ -81,9 +81,12 @@ class ScheduleConfig:
 
 @dataclass
 class StrategyConfig:
-    name: str = "single"
-    device: str = "auto"  # auto | cpu | cuda
-    mixed_precision: str = "auto"  # auto (bf16 on CUDA, off on CPU) | bf16 | off
+    name: str = "single"  # single (one process) | ddp | fsdp (FSDP2); ddp/fsdp are launched with torchrun
+    device: str = "auto"  # auto (this rank's GPU if any, else CPU) | cpu | cuda
+    mixed_precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    activation_checkpointing: str = "none"  # none | full (every block) | selective (every ac_every-th block)
+    ac_every: int = 2
+    compile: bool = False  # torch.compile each block
 
 
 @dataclass
@@ -94,6 +97,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
     max_steps: Optional[int] = None  # stop early (the schedule still follows schedule.total_tokens)
+    peak_tflops: Optional[float] = None  # per-device peak for MFU; default: looked up by GPU name (none on CPU)
 
 
 @dataclass
@@ -198,11 +202,13 @@ def validate(cfg) -> None:
     _require(0 <= s.warmup_tokens <= s.total_tokens, "schedule.warmup_tokens", s.warmup_tokens,
              f"must be in [0, schedule.total_tokens={s.total_tokens}]")
     _require(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", s.min_lr_ratio, "must be in [0, 1]")
-    _require(st.name == "single", "strategy.name", st.name,
-             "only 'single' (one process) is implemented; FSDP/DDP come with the training-at-scale issue")
+    _require(st.name in ("single", "ddp", "fsdp"), "strategy.name", st.name, "must be single | ddp | fsdp")
+    _require(st.activation_checkpointing in ("none", "full", "selective"), "strategy.activation_checkpointing",
+             st.activation_checkpointing, "must be none | full | selective")
+    _require(st.ac_every > 0, "strategy.ac_every", st.ac_every, "must be > 0")
     _require(st.device in ("auto", "cpu", "cuda"), "strategy.device", st.device, "must be auto | cpu | cuda")
-    _require(st.mixed_precision in ("auto", "bf16", "off"), "strategy.mixed_precision", st.mixed_precision,
-             "must be auto | bf16 | off")
+    _require(st.mixed_precision in ("auto", "bf16", "fp32"), "strategy.mixed_precision", st.mixed_precision,
+             "must be auto | bf16 | fp32")
     _require(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "must be > 0")
     _require(t.batch_size > 0 and t.batch_size % t.micro_batch_size == 0, "train.batch_size", t.batch_size,
              f"must be a positive multiple of train.micro_batch_size={t.micro_batch_size}")

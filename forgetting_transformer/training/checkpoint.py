@@ -15,9 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+
+from .distributed import barrier
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -74,19 +77,27 @@ def latest_checkpoint(root: str | Path) -> Path | None:
 
 
 def save_checkpoint(state: TrainState, root: str | Path, keep: int) -> Path:
-    """Write ``state`` atomically as ``root/step_<step>`` and keep only the newest ``keep`` checkpoints."""
+    """Write ``state`` atomically as ``root/step_<step>`` and keep only the newest ``keep`` checkpoints.
+
+    Collective: every rank writes its shards into ``.tmp``; rank 0 renames it once all are done."""
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    main = not dist.is_initialized() or dist.get_rank() == 0
     final = root / f"step_{state.step:08d}"
     tmp = root / f"{final.name}.tmp"
-    for stale in root.glob("*.tmp"):
-        shutil.rmtree(stale)
+    if main:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob("*.tmp"):
+            shutil.rmtree(stale)
+    barrier()
     dcp.save({"app": state}, checkpoint_id=str(tmp))
-    if final.exists():  # re-saving the same step (e.g. after a resume): replace it only once the new one is whole
-        shutil.rmtree(final)
-    tmp.rename(final)
-    for old in checkpoint_dirs(root)[:-keep]:
-        shutil.rmtree(old)
+    barrier()
+    if main:
+        if final.exists():  # re-saving a step (e.g. after a resume): replace it only once the new one is whole
+            shutil.rmtree(final)
+        tmp.rename(final)
+        for old in checkpoint_dirs(root)[:-keep]:
+            shutil.rmtree(old)
+    barrier()
     return final
 
 

@@ -53,21 +53,29 @@ def peak_memory_gib(device: torch.device) -> float:
 
 
 class MetricsLogger:
-    """Writes each record as one stdout line, one metrics.jsonl row and (if enabled) one wandb log."""
+    """Writes each record as one stdout line, one metrics.jsonl row and (if set) one wandb log. Only the process
+    with ``enabled=True`` (rank 0) writes anything; the others call the same methods and do nothing."""
 
-    def __init__(self, path: str | Path, wandb_run=None):
+    def __init__(self, path: str | Path, wandb_run=None, enabled: bool = True):
         self.path = Path(path)
         self.wandb_run = wandb_run
+        self.enabled = enabled
+
+    def say(self, message: str) -> None:
+        if self.enabled:
+            print(message, flush=True)
 
     def truncate_after(self, step: int) -> None:
         """Drop rows logged after ``step`` (they were produced after the checkpoint a run resumes from)."""
-        if not self.path.exists():
+        if not self.enabled or not self.path.exists():
             return
         rows = [line for line in self.path.read_text().splitlines() if line.strip()]
         kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
         self.path.write_text("".join(r + "\n" for r in kept))
 
     def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
         print(format_record(record), flush=True)
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")

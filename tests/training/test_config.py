@@ -61,7 +61,8 @@ def test_missing_required_value_names_the_key():
         ("model.arch=gpt9", "model.arch='gpt9'"),
         ("train.batch_size=10", "train.batch_size=10"),
         ("schedule.warmup_tokens=999999999999", "schedule.warmup_tokens"),
-        ("strategy.name=fsdp", "strategy.name='fsdp'"),
+        ("strategy.name=tp", "strategy.name='tp'"),
+        ("strategy.activation_checkpointing=some", "strategy.activation_checkpointing='some'"),
         ("wandb.mode=sometimes", "wandb.mode='sometimes'"),
         ("data.bos_id=5000", "data.bos_id=5000"),
         ("model.n_kv_heads=2", "model.n_kv_heads=2"),
@@ -84,3 +85,18 @@ def test_schema_types_are_enforced_after_compose():
     with pytest.raises(ValidationError):
         cfg.train.batch_size = "lots"
     assert OmegaConf.is_missing(load("data=longcrawl64").data, "data_dir")
+
+
+EXPERIMENTS = sorted(p.relative_to(Path(CONFIGS) / "experiment").with_suffix("").as_posix()
+                     for p in (Path(CONFIGS) / "experiment").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_paper_presets_compose(name):
+    cfg = load(f"experiment={name}", "data.data_dir=/data/longcrawl64")
+    validate(cfg)
+    assert cfg.data.seq_len * cfg.train.batch_size == 2**19  # 0.5M tokens per step
+    assert cfg.schedule.warmup_tokens == 256 * 2**20 and cfg.schedule.min_lr_ratio == 0
+    assert cfg.strategy.name == "fsdp" and cfg.data.vocab_size == cfg.model.vocab_size == 50257
+    model, size = name.split("/")[1].split("_")[:-2], name.split("_")[-2]
+    assert cfg.model.name == "_".join(model) and cfg.model.d_model == {"125m": 768, "360m": 1024, "760m": 1536}[size]

@@ -43,7 +43,7 @@ def command(data_dir, out, *extra):
     return [
         sys.executable, str(ROOT / "train.py"), f"output_dir={out}", "data=longcrawl64", f"data.data_dir={data_dir}",
         "data.seq_len=128", f"data.vocab_size={VOCAB}", "data.bos_id=0", "model.n_layers=2", "model.d_model=64",
-        "model.n_heads=2", "train.batch_size=8", "train.micro_batch_size=4", "train.log_every=1",
+        "model.head_dim=32", "train.batch_size=8", "train.micro_batch_size=4", "train.log_every=1",
         "train.checkpoint_every=4", "optim.lr=3e-3", "schedule.warmup_tokens=2048", "schedule.total_tokens=12288",
         "eval.heldout_batches=2", "eval.per_token_rows=4", "eval.window=11", *extra,
     ]

@@ -1,0 +1,67 @@
+"""parallelize(): activation checkpointing and torch.compile change nothing numerically and keep checkpoint
+parameter names, so runs can switch them on and off across a resume."""
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from forgetting_transformer.config import ModelConfig, StrategyConfig
+from forgetting_transformer.models import build_model
+from forgetting_transformer.training.checkpoint import TrainState, load_model_weights, save_checkpoint
+from forgetting_transformer.training.optim import build_optimizer
+from forgetting_transformer.training.parallel import parallelize
+
+
+class NoData:
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, sd):
+        pass
+
+
+def setup(**strategy):
+    torch.manual_seed(0)
+    cfg = OmegaConf.structured(ModelConfig(name="t", arch="decoder", vocab_size=61, n_layers=3, d_model=32,
+                                           head_dim=16, qk_norm=True, kv_shift=True, output_gate=True))
+    model = build_model(cfg)
+    reference = copy.deepcopy(model)
+    wrapped = parallelize(model, OmegaConf.structured(StrategyConfig(**strategy)), torch.device("cpu"), False)
+    return reference, wrapped
+
+
+@pytest.mark.parametrize("strategy", [dict(activation_checkpointing="full"),
+                                      dict(activation_checkpointing="selective", ac_every=2),
+                                      dict(compile=True)])
+def test_same_loss_and_gradients(strategy):
+    reference, wrapped = setup(**strategy)
+    x = torch.randint(0, 61, (2, 24))
+    loss_ref, loss = reference(x, x).mean(), wrapped(x, x).mean()
+    torch.testing.assert_close(loss, loss_ref)
+    loss_ref.backward()
+    loss.backward()
+    grads = dict(reference.named_parameters())
+    for name, p in wrapped.named_parameters():
+        clean = name.replace("._checkpoint_wrapped_module", "").replace("._orig_mod", "")
+        torch.testing.assert_close(p.grad, grads[clean].grad, msg=lambda m: f"{name}: {m}")
+
+
+def test_activation_checkpointing_wraps_the_chosen_blocks():
+    _, full = setup(activation_checkpointing="full")
+    _, sel = setup(activation_checkpointing="selective", ac_every=2)
+    wrapped = lambda m: [type(b).__name__ == "CheckpointWrapper" for b in m.blocks]  # noqa: E731
+    assert wrapped(full) == [True, True, True] and wrapped(sel) == [True, False, True]
+
+
+def test_checkpoints_keep_plain_parameter_names(tmp_path):
+    reference, wrapped = setup(activation_checkpointing="full")
+    path = save_checkpoint(TrainState(wrapped, build_optimizer(wrapped, OmegaConf.create(
+        dict(weight_decay=0.1, betas=[0.9, 0.95], eps=1e-8))), NoData()), tmp_path, keep=1)
+    plain = copy.deepcopy(reference)
+    for p in plain.parameters():
+        p.data.zero_()
+    load_model_weights(plain, path)
+    for (n, a), (_, b) in zip(plain.named_parameters(), reference.named_parameters()):
+        assert torch.equal(a, b), n
