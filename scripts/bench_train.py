@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Training throughput: tokens/s, TFLOP/s and MFU of full training steps (forward, backward, AdamW) on GPUs.
+
+    python scripts/bench_train.py                                   # one GPU
+    torchrun --nproc_per_node=2 scripts/bench_train.py --strategy fsdp
+    python scripts/bench_train.py --models fox_pro transformer_pro --sizes 125m 760m --seq-len 16384 \
+        --write docs/benchmarks_train.md
+
+Each configuration is the repo's config tree (``model=<m> model/size=<s>``) with random GPT-2-vocabulary tokens,
+bf16, the given strategy, ``--micro-batch`` sequences per GPU per step; the first ``--warmup`` steps are not
+timed. FLOPs per token follow train.py (PaLM's 6N + 12·L·H·Q·T); MFU uses the device's dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from forgetting_transformer.config import register_configs, validate  # noqa: E402
+from forgetting_transformer.models import build_model, resolve_heads  # noqa: E402
+from forgetting_transformer.training.distributed import init_distributed, mean_across_ranks, shutdown  # noqa: E402
+from forgetting_transformer.training.evaluate import autocast_context  # noqa: E402
+from forgetting_transformer.training.metrics import (flops_per_token, matmul_params, peak_flops,  # noqa: E402
+                                                     peak_memory_gib)
+from forgetting_transformer.training.optim import build_optimizer  # noqa: E402
+from forgetting_transformer.training.parallel import autocast_needed, parallelize  # noqa: E402
+
+
+def bench(model_name, size, a, dist):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"model={model_name}", f"model/size={size}", "data=longcrawl64",
+                                           "data.data_dir=unused", f"data.seq_len={a.seq_len}",
+                                           f"strategy={a.strategy}", "strategy.mixed_precision=bf16",
+                                           f"strategy.activation_checkpointing={a.ac}",
+                                           f"strategy.compile={str(a.compile).lower()}", *a.override])
+    validate(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    n_matmul = matmul_params(model)
+    model = parallelize(model, cfg.strategy, dist.device, True)
+    opt = build_optimizer(model, cfg.optim)
+    for g in opt.param_groups:
+        g["lr"] = 1e-4
+    x = torch.randint(0, cfg.model.vocab_size, (a.micro_batch, a.seq_len), device=dist.device)
+    autocast = autocast_needed(cfg.strategy, True)
+    torch.cuda.reset_peak_memory_stats()
+    for i in range(a.warmup + a.steps):
+        if i == a.warmup:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        with autocast_context(dist.device, autocast):
+            loss = model(x, x).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    dt = torch.tensor((time.perf_counter() - t0) / a.steps, device=dist.device)
+    dt = mean_across_ranks(dt).item()
+    head_dim, n_heads, _ = resolve_heads(cfg.model)
+    fpt = flops_per_token(n_matmul, cfg.model.n_layers, n_heads, head_dim, a.seq_len)
+    tok_s_dev = a.micro_batch * a.seq_len / dt
+    peak = peak_flops(dist.device)
+    return dict(model=model_name, size=size, tok_s=tok_s_dev * dist.world_size, tok_s_dev=tok_s_dev,
+                tflops=tok_s_dev * fpt / 1e12, mfu=tok_s_dev * fpt / peak if peak else float("nan"),
+                mem=peak_memory_gib(dist.device), loss=loss.item())
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["fox_pro", "transformer_pro"])
+    p.add_argument("--sizes", nargs="+", default=["125m", "760m"])
+    p.add_argument("--seq-len", type=int, default=16384)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--strategy", default="single", choices=["single", "ddp", "fsdp"])
+    p.add_argument("--ac", default="none", choices=["none", "full", "selective"])
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides")
+    p.add_argument("--write", type=Path, help="append the table to this Markdown file")
+    a = p.parse_args(argv)
+    register_configs()
+    dist = init_distributed(SimpleNamespace(name=a.strategy, device="cuda"))
+    rows = [bench(m, s, a, dist) for s in a.sizes for m in a.models]
+    if dist.is_main:
+        head = (f"{torch.cuda.get_device_name()} x {dist.world_size}, torch {torch.__version__}, "
+                f"Python {platform.python_version()}; strategy {a.strategy}, AC {a.ac}, compile {a.compile}, "
+                f"seq_len {a.seq_len}, micro-batch {a.micro_batch}/GPU, bf16, {a.steps} timed steps")
+        lines = [head, "", "| model | size | tokens/s | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |",
+                 "|---|---|---:|---:|---:|---:|---:|"]
+        for r in rows:
+            lines.append(f"| {r['model']} | {r['size']} | {r['tok_s']:,.0f} | {r['tok_s_dev']:,.0f} | "
+                         f"{r['tflops']:.0f} | {100 * r['mfu']:.1f}% | {r['mem']:.1f} |")
+        text = "\n".join(lines)
+        print(text)
+        if a.write:
+            with a.write.open("a") as f:
+                f.write(f"\nCommand: `{' '.join(['python', 'scripts/bench_train.py', *sys.argv[1:]])}`\n\n{text}\n")
+    shutdown()
+
+
+if __name__ == "__main__":
+    main()
