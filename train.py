@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +34,7 @@ from forgetting_transformer.training.metrics import (MetricsLogger, flops_per_to
                                                      peak_memory_gib)
 from forgetting_transformer.training.optim import build_optimizer
 from forgetting_transformer.training.parallel import autocast_needed, parallelize, set_grad_sync
+from forgetting_transformer.training.preemption import PREEMPTED_EXIT_CODE, PreemptionFlag
 from forgetting_transformer.training.schedule import lr_at
 
 register_configs()
@@ -106,6 +108,7 @@ def main(cfg) -> None:
                 f" x {device.type} | bf16 {mixed} | {total_steps} steps of {tokens_per_step:,} tokens "
                 f"({accum} micro-batches of {mb} per rank)")
 
+    preemption = PreemptionFlag()
     t_log, tokens_log = time.perf_counter(), state.tokens
     while state.step < total_steps:
         lr = lr_at(state.tokens + tokens_per_step, cfg.optim, cfg.schedule)
@@ -138,8 +141,13 @@ def main(cfg) -> None:
                          "mfu": tok_s * flops_tok / dist.world_size / peak if peak else None,
                          "memory_gib": peak_memory_gib(device)})
             t_log, tokens_log = time.perf_counter(), state.tokens
-        if state.step % train.checkpoint_every == 0 or state.step == total_steps:
+        stop = preemption.should_stop(device)
+        if state.step % train.checkpoint_every == 0 or state.step == total_steps or stop:
             save_checkpoint(state, ckpt_root, keep=train.keep_checkpoints)
+        if stop:  # SIGUSR1/SIGTERM: checkpoint written; the job script requeues on this exit code
+            metrics.say(f"stopping on signal {preemption.received} after step {state.step}; resume=true continues")
+            shutdown()
+            sys.exit(PREEMPTED_EXIT_CODE)
 
     # Held-out loss on the first batches of heldout.zarr, then L(i) over whole held-out rows (every rank runs the
     # same batches: FSDP needs all ranks in each forward).

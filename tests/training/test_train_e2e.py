@@ -128,3 +128,25 @@ def test_wandb_offline_logs_locally_and_resumes_the_same_run(data_dir, tmp_path)
     res = run(command(data_dir, out, *extra[:1], "train.max_steps=3", "resume=true", "eval.per_token_loss=false"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert (out / "wandb_id.txt").read_text().strip() == run_id
+
+
+def test_sigusr1_checkpoints_exits_75_and_resume_matches(data_dir, tmp_path):
+    full = tmp_path / "full"
+    assert run(command(data_dir, full, "eval.per_token_loss=false")).returncode == 0
+    out = tmp_path / "preempted"
+    proc = subprocess.Popen(command(data_dir, out, "eval.per_token_loss=false"), cwd=ROOT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 2):
+        assert proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGUSR1)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, log[-2000:]
+    stopped = max(r["step"] for r in rows(out))
+    assert stopped < 12 and f"stopping on signal {int(signal.SIGUSR1)} after step {stopped}" in log
+    assert (out / "checkpoints" / f"step_{stopped:08d}").is_dir()  # checkpoint of the step it stopped at
+    res = run(command(data_dir, out, "eval.per_token_loss=false", "resume=true"))
+    assert res.returncode == 0 and f"(step {stopped}," in res.stdout
+    assert [(r["step"], r.get("loss"), r.get("heldout_loss")) for r in rows(out)] == \
+        [(r["step"], r.get("loss"), r.get("heldout_loss")) for r in rows(full)]
