@@ -21,6 +21,8 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from eval.per_token_loss.plot import plot_per_token_loss
@@ -28,7 +30,8 @@ from forgetting_transformer.config import register_configs, validate
 from forgetting_transformer.data import LongCrawl64Dataset, ensure_data, read_rows
 from forgetting_transformer.models import build_model, resolve_heads
 from forgetting_transformer.training.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
-from forgetting_transformer.training.distributed import init_distributed, mean_across_ranks, shutdown
+from forgetting_transformer.training.distributed import (broadcast_from_main, init_distributed, mean_across_ranks,
+                                                         shutdown)
 from forgetting_transformer.training.evaluate import autocast_context, heldout_loss, per_token_loss
 from forgetting_transformer.training.metrics import (MetricsLogger, flops_per_token, matmul_params, peak_flops,
                                                      peak_memory_gib)
@@ -56,13 +59,16 @@ def setup_wandb(cfg, out: Path):
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
 def main(cfg) -> None:
     t_start = time.perf_counter()
+    hc = HydraConfig.get()  # multirun (-m): each job writes to its own sweep dir unless output_dir is given
+    if hc.mode == RunMode.MULTIRUN and not any(o.lstrip("+~").startswith("output_dir=") for o in hc.overrides.task):
+        cfg.output_dir = hc.runtime.output_dir
     OmegaConf.resolve(cfg)  # fix ${now:...} and friends once, so the saved config is the one that ran
     validate(cfg)
     dist = init_distributed(cfg.strategy)  # torchrun's env; rank 0 alone writes files and prints
     device = dist.device
     mixed = cfg.strategy.mixed_precision == "bf16" or (cfg.strategy.mixed_precision == "auto" and device.type == "cuda")
     autocast = autocast_needed(cfg.strategy, mixed)
-    out = Path(cfg.output_dir).resolve()
+    out = Path(broadcast_from_main(str(Path(cfg.output_dir).resolve())))  # ranks may resolve ${now:} differently
     ckpt_root = out / "checkpoints"
     if latest_checkpoint(ckpt_root) is not None and not cfg.resume:
         raise FileExistsError(f"{out} already holds checkpoints; pass resume=true to continue it, "

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .layers import Attention, ForgetGate, RMSNorm, SwiGLU, mlp_hidden_size
+from .layers import Attention, ForgetGate, LayerCache, RMSNorm, SwiGLU, mlp_hidden_size
 
 
 def resolve_heads(cfg) -> tuple[int, int, int]:
@@ -32,8 +32,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, mlp_hidden_size(cfg.d_model, cfg.mlp_hidden_ratio, cfg.mlp_multiple_of))
 
-    def forward(self, x):
-        x = x + self.attn(self.attn_norm(x))
+    def forward(self, x, *, cache=None, seq_start=None, positions=None):
+        x = x + self.attn(self.attn_norm(x), cache=cache, seq_start=seq_start, positions=positions)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -78,14 +78,38 @@ class DecoderLM(nn.Module):
             if isinstance(m, ForgetGate):
                 m.reset_bias()
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids (B, T) → per-token loss (B, T) in fp32 when labels are given, else logits (B, T, V)."""
-        if input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
-            raise ValueError(f"token id {int(input_ids.max())} >= model.vocab_size={self.cfg.vocab_size}")
-        x = self.embed(input_ids)  # (B, T, d_model)
-        for block in self.blocks:
-            x = block(x)
-        h = self.norm(x)
+    def new_cache(self) -> list[LayerCache]:
+        """Empty per-block decoding caches for ``forward(..., cache=...)``."""
+        return [LayerCache() for _ in self.blocks]
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **inference) -> torch.Tensor:
+        """input_ids (B, T) → per-token loss (B, T) in fp32 when labels are given, else logits (B, T, V).
+        ``inference``: the keyword arguments of ``hidden_states`` (cache, seq_start, positions)."""
+        h = self.hidden_states(input_ids, **inference)
         if labels is None:
             return self.lm_head(h)  # (B, T, V)
         return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk)  # (B, T)
+
+    def hidden_states(self, input_ids: torch.Tensor, *, cache=None, seq_start: torch.Tensor | None = None,
+                      positions: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) → final-norm hidden states (B, T, d_model), the LM head's input.
+
+        Inference only (None in training):
+            cache: one ``LayerCache`` per block; input_ids are the tokens after the cached ones, and the caches
+                are extended with them (prefill: empty caches, any T; decode: T = 1; chunked prefill: any T).
+            seq_start: (B,) index, over cached + new tokens, of each row's first real token (left padding).
+            positions: (T,) or (B, T) RoPE positions; default: counted from each row's first real token.
+        """
+        if input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"token id {int(input_ids.max())} >= model.vocab_size={self.cfg.vocab_size}")
+        if cache is not None and len(cache) != len(self.blocks):
+            raise ValueError(f"cache has {len(cache)} layers; the model has {len(self.blocks)}")
+        past = cache[0].get_seq_length() if cache is not None else 0
+        if positions is None and (past or seq_start is not None):
+            positions = past + torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+            if seq_start is not None:
+                positions = (positions[None] - seq_start[:, None]).clamp(min=0)  # (B, T); pads at 0
+        x = self.embed(input_ids)  # (B, T, d_model)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache=None if cache is None else cache[i], seq_start=seq_start, positions=positions)
+        return self.norm(x)

@@ -63,10 +63,14 @@ class KVShift(nn.Module):
         super().__init__()
         self.proj = nn.Linear(d_model, n_heads, bias=False)
 
-    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        # h (B, T, d_model) layer input; x (B, T, H, D) projected keys or values.
+    def forward(self, h: torch.Tensor, x: torch.Tensor, x_last: torch.Tensor | None = None) -> torch.Tensor:
+        # h (B, T, d_model) layer input; x (B, T, H, D) projected keys or values; x_last (B, 1, H, D): the
+        # unshifted x of the token before x[:, 0] when decoding with a cache (None: x_{-1} = 0).
         alpha = torch.sigmoid(self.proj(h).float()).unsqueeze(-1)  # (B, T, H, 1)
-        x_prev = F.pad(x, (0, 0, 0, 0, 1, 0))[:, :-1]  # (B, T, H, D) shifted right by one token
+        if x_last is None:
+            x_prev = F.pad(x, (0, 0, 0, 0, 1, 0))[:, :-1]  # (B, T, H, D) shifted right by one token
+        else:
+            x_prev = torch.cat([x_last, x[:, :-1]], dim=1)  # (B, T, H, D)
         return (alpha * x_prev.float() + (1 - alpha) * x.float()).to(x.dtype)
 
 
@@ -145,28 +149,109 @@ class Attention(nn.Module):
         self.o_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.output_norm else None
         self.g_proj = nn.Linear(d, n_heads * head_dim, bias=False) if cfg.output_gate else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, cache: LayerCache | None = None, seq_start: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d_model) → (B, T, d_model). The keyword arguments are for inference (all None in training):
+
+        - ``cache``: this layer's ``LayerCache``; x holds the tokens after the cached ones (queries attend to the
+          cached keys plus their own), and the cache is extended with them.
+        - ``seq_start`` (B,): index, counted over cached + new tokens, of each row's first real token (left
+          padding before it is masked as keys; pad queries give 0).
+        - ``positions`` (T,) or (B, T): RoPE positions of the new tokens (default ``0 .. T-1``).
+        """
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        past = cache.get_seq_length() if cache is not None else 0
+        pad = None
+        if seq_start is not None:
+            pad = past + torch.arange(T, device=x.device) < seq_start[:, None]  # (B, T) left-padding tokens
+        shift_state = None
         if self.k_shift is not None:
-            k, v = self.k_shift(x, k), self.v_shift(x, v)
+            if pad is not None:
+                # Zero the pads' unshifted k/v so the first real token mixes in x_{-1} = 0, as in an unpadded row.
+                k, v = k.masked_fill(pad[:, :, None, None], 0.0), v.masked_fill(pad[:, :, None, None], 0.0)
+            k_last, v_last = cache.shift_state if cache is not None and cache.shift_state is not None else (None, None)
+            shift_state = (k[:, -1:], v[:, -1:])  # (B, 1, Hkv, D) unshifted, for the next call
+            k, v = self.k_shift(x, k, k_last), self.v_shift(x, v, v_last)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_base is not None:
-            pos = torch.arange(T, device=x.device)
+            pos = torch.arange(T, device=x.device) if positions is None else positions
             q, k = apply_rotary(q, pos, self.rope_base), apply_rotary(k, pos, self.rope_base)
+        log_fgate = None
         if self.fgate is not None:
-            o = forgetting_attention(q, k, v, self.fgate(x))  # (B, T, H, D)
-        else:
+            log_fgate = self.fgate(x)  # (B, T, H) fp32
+            if pad is not None:
+                # Pad gates cancel out of every c_i - c_j a real query sees; zeroing them makes the cumulative sums
+                # identical to the unpadded row's.
+                log_fgate = log_fgate.masked_fill(pad[:, :, None], 0.0)
+        if cache is not None:
+            k, v, log_fgate = cache.update(k, v, log_fgate, shift_state)  # (B, Tk, Hkv, D) ×2, (B, Tk, H) | None
+        if self.fgate is not None:
+            o = forgetting_attention(q, k, v, log_fgate, seq_start=seq_start)  # (B, T, H, D)
+        elif cache is None and seq_start is None:
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             ).transpose(1, 2)  # (B, T, H, D)
+        else:
+            o = _masked_sdpa(q, k, v, seq_start)
         if self.o_norm is not None:
             o = self.o_norm(o)
         if self.g_proj is not None:
             o = o * torch.sigmoid(self.g_proj(x)).view(B, T, self.n_heads, self.head_dim)
         return self.o_proj(o.reshape(B, T, self.n_heads * self.head_dim))
 
+
+def _masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:
+    """Causal softmax attention of q (B, Tq, H, D) aligned to the end of k, v (B, Tk, Hkv, D), keys before
+    ``seq_start`` (B,) masked; like ``forgetting_attention``, query rows with no visible key give 0."""
+    B, Tq, H, _ = q.shape
+    Tk = k.shape[1]
+    pos_k = torch.arange(Tk, device=q.device)
+    pos_q = pos_k[Tk - Tq :]
+    mask = (pos_k[None, :] <= pos_q[:, None])[None]  # (1, Tq, Tk)
+    if seq_start is not None:
+        mask = mask & (pos_k[None, None, :] >= seq_start[:, None, None])  # (B, Tq, Tk)
+    visible = mask.any(dim=-1, keepdim=True)  # (B|1, Tq, 1)
+    # A row with no visible key would softmax to NaN, and NaN * 0 would leak into later layers: let it see every
+    # key, then zero its output.
+    mask = (mask | ~visible)[:, None]  # (B|1, 1, Tq, Tk)
+    o = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=k.shape[2] != H,
+    ).transpose(1, 2)  # (B, Tq, H, D)
+    return o * visible[:, :, :, None].to(o.dtype)
+
+
+class LayerCache:
+    """What one attention layer carries from earlier tokens to later ones when decoding incrementally.
+
+    - ``keys``, ``values`` (B, Tk, Hkv, D): after KV-shift, QK-norm and RoPE, exactly as attention consumes them;
+    - ``log_fgate`` (B, Tk, H) fp32 (None without a forget gate): per-token log forget gates; the attention op
+      takes their cumulative sum, so the decay bias ``c_i - c_j`` of new queries against cached keys is the one
+      the full forward computes;
+    - ``shift_state`` ``(k, v)`` each (B, 1, Hkv, D) (None without KV-shift): the last token's projected keys and
+      values before the shift, the ``x_{t-1}`` of the next token's shift.
+
+    ``forgetting_transformer.models.hf.FoXCacheLayer`` is the Hugging Face ``Cache`` layer built on it.
+    """
+
+    def __init__(self):
+        self.keys = self.values = self.log_fgate = self.shift_state = None
+
+    def get_seq_length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
+
+    def update(self, k, v, log_fgate, shift_state):
+        """Append the new tokens' k, v (B, T, Hkv, D) and log_fgate (B, T, H); return the full cached tensors."""
+        if self.keys is None:
+            self.keys, self.values, self.log_fgate = k, v, log_fgate
+        else:
+            self.keys = torch.cat([self.keys, k], dim=1)
+            self.values = torch.cat([self.values, v], dim=1)
+            if log_fgate is not None:
+                self.log_fgate = torch.cat([self.log_fgate, log_fgate], dim=1)
+        self.shift_state = shift_state
+        return self.keys, self.values, self.log_fgate

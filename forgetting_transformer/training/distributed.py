@@ -58,6 +58,16 @@ def mean_across_ranks(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def broadcast_from_main(obj):
+    """Rank 0's value of a picklable object on every rank (e.g. a time-stamped output dir each rank resolved
+    at a slightly different moment)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,0 +1,311 @@
+"""Hugging Face ``transformers`` (5.x) integration: ``FoXConfig``, ``FoXForCausalLM`` and the KV cache ``FoXCache``.
+
+Importing this module registers the model type ``forgetting_transformer`` with ``AutoConfig`` and
+``AutoModelForCausalLM``, so ``AutoModelForCausalLM.from_pretrained(dir)`` works after
+``import forgetting_transformer.models.hf``. ``FoXForCausalLM.model`` is a plain ``DecoderLM``: its state dict is
+a training checkpoint's with the prefix ``model.``. See docs/hf.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from ..config import ModelConfig
+from .decoder import DecoderLM
+from .layers import ForgetGate, LayerCache, RMSNorm, decay_bias_init
+
+MODEL_TYPE = "forgetting_transformer"
+MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
+# Defaults for the ModelConfig fields that have none there (a bare FoXConfig() is a tiny FoX (LLaMA)).
+_REQUIRED_DEFAULTS = dict(name="fox_llama", arch="decoder", vocab_size=4096, n_layers=4, d_model=192)
+
+
+class FoXConfig(PretrainedConfig):
+    """Every ``ModelConfig`` field as a top-level attribute (same names and defaults), plus the usual
+    ``PretrainedConfig`` ones (``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ...)."""
+
+    model_type = MODEL_TYPE
+    attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers"}
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(self, **kwargs):
+        for f in dataclasses.fields(ModelConfig):
+            if f.name in kwargs:
+                value = kwargs.pop(f.name)
+            elif f.name in _REQUIRED_DEFAULTS:
+                value = _REQUIRED_DEFAULTS[f.name]
+            else:
+                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            setattr(self, f.name, list(value) if f.name == "fgate_init" and value is not None else value)
+        kwargs.setdefault("tie_word_embeddings", False)  # DecoderLM's LM head is untied
+        super().__init__(**kwargs)
+
+    @classmethod
+    def from_model_config(cls, model_cfg, **kwargs) -> "FoXConfig":
+        """From a ``ModelConfig`` (dataclass, OmegaConf node or dict, e.g. a run's ``cfg.model``)."""
+        if dataclasses.is_dataclass(model_cfg):
+            model_cfg = dataclasses.asdict(model_cfg)
+        elif not isinstance(model_cfg, dict):
+            from omegaconf import OmegaConf
+
+            model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
+        unknown = sorted(set(model_cfg) - set(MODEL_FIELDS))
+        if unknown:
+            raise ValueError(f"model config has fields FoXConfig does not know: {unknown}")
+        return cls(**dict(model_cfg), **kwargs)
+
+    def to_model_config(self) -> ModelConfig:
+        """The ``ModelConfig`` that ``DecoderLM`` is built from."""
+        return ModelConfig(**{name: getattr(self, name) for name in MODEL_FIELDS})
+
+    def to_diff_dict(self) -> dict:
+        # Always write every model field, so a saved config does not depend on this code's defaults.
+        d = super().to_diff_dict()
+        d.update({name: getattr(self, name) for name in MODEL_FIELDS})
+        return d
+
+
+class FoXCacheLayer(LayerCache, CacheLayerMixin):
+    """One layer of ``FoXCache``: a ``LayerCache`` (keys/values (B, Tk, Hkv, D), log forget gates (B, Tk, H),
+    KV-shift state) behind the ``transformers`` cache-layer interface."""
+
+    def __init__(self):
+        CacheLayerMixin.__init__(self)
+        LayerCache.__init__(self)
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, k, v, log_fgate=None, shift_state=None):
+        if not self.is_initialized:
+            self.lazy_initialization(k, v)
+        return LayerCache.update(self, k, v, log_fgate, shift_state)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        LayerCache.__init__(self)
+        self.is_initialized = False
+
+    def _map_batch(self, fn) -> None:
+        # Every cached tensor has the batch in dim 0.
+        for name in ("keys", "values", "log_fgate"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, fn(t))
+        if self.shift_state is not None:
+            self.shift_state = tuple(fn(t) for t in self.shift_state)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        # The KV-shift state of an earlier token is not kept, so the cache cannot roll back.
+        raise NotImplementedError("FoXCache cannot be cropped (assisted / speculative decoding is not supported)")
+
+    def offload(self):
+        raise NotImplementedError("FoXCache does not support offloading")
+
+    def prefetch(self):
+        raise NotImplementedError("FoXCache does not support offloading")
+
+
+class FoXCache(Cache):
+    """The ``past_key_values`` of ``FoXForCausalLM``: one ``FoXCacheLayer`` per block, plus ``seq_start`` (B,),
+    the first real token of each left-padded row (None: no padding). ``FoXForCausalLM`` creates it when
+    ``use_cache=True``; pass it back as ``past_key_values`` with the next tokens."""
+
+    def __init__(self, n_layers: int):
+        super().__init__(layers=[FoXCacheLayer() for _ in range(n_layers)])
+        self.seq_start = None
+
+    def reset(self):
+        super().reset()
+        self.seq_start = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        if self.seq_start is not None:
+            self.seq_start = self.seq_start.index_select(0, beam_idx.to(self.seq_start.device))
+
+    def batch_repeat_interleave(self, repeats: int):
+        super().batch_repeat_interleave(repeats)
+        if self.seq_start is not None:
+            self.seq_start = self.seq_start.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        super().batch_select_indices(indices)
+        if self.seq_start is not None:
+            self.seq_start = self.seq_start[indices]
+
+
+def seq_start_from_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """(B, T) 0/1 left-padding mask → (B,) index of each row's first real token, or None when nothing is padded.
+    Raises unless every row is 0…0 1…1 (left padding); right or inner padding is not supported."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be (batch, seq_len) 0/1; got shape {tuple(attention_mask.shape)}")
+    mask = attention_mask.to(torch.int64)
+    if bool(((mask != 0) & (mask != 1)).any()) or bool((mask[:, 1:] < mask[:, :-1]).any()):
+        raise ValueError("attention_mask must be left padding (each row 0…0 1…1): FoXForCausalLM supports only "
+                         "left-padded batches (set tokenizer.padding_side = 'left')")
+    if bool(mask.all()):
+        return None
+    return (mask == 0).sum(dim=1)  # (B,)
+
+
+class FoXForCausalLM(PreTrainedModel, GenerationMixin):
+    """``DecoderLM`` (FoX or Transformer, any config) as a ``transformers`` causal LM with ``generate()``.
+
+    ``labels`` follow the Hugging Face convention: pass ``labels = input_ids`` (``-100`` = ignored); they are
+    shifted inside, and the loss is the mean next-token cross-entropy over non-ignored targets. (``DecoderLM``
+    itself takes already-shifted targets and returns per-token losses.)
+    """
+
+    config_class = FoXConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+
+    def __init__(self, config: FoXConfig):
+        super().__init__(config)
+        self.model = DecoderLM(config.to_model_config())
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # FoX needs more state than a DynamicCache holds: generate() gets a FoXCache from
+        # _prepare_cache_for_generation, a direct forward call from use_cache=True.
+        return False
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        # generate() builds its cache here before the prefill (chunked prefill needs one): always a FoXCache.
+        if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
+            return
+        if generation_config.cache_implementation not in (None, "dynamic"):
+            raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
+                             f"FoXForCausalLM decodes with its own FoXCache")
+        model_kwargs["past_key_values"] = FoXCache(self.config.n_layers)
+
+    def _init_weights(self, module):
+        # DecoderLM.reset_parameters, module by module: transformers runs this on what a checkpoint did not fill
+        # (its init functions skip loaded tensors).
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            if getattr(module, "bias", None) is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, ForgetGate):  # after its proj (children first): the gate bias init wins
+            bias = module.proj.bias if module.kind == "data_dependent" else module.bias
+            if module.init_range is None:
+                init.zeros_(bias)
+            else:
+                init.copy_(bias, decay_bias_init(bias.numel(), *module.init_range).to(bias.dtype))
+
+    def get_input_embeddings(self):
+        return self.model.embed
+
+    def set_input_embeddings(self, value):
+        self.model.embed = value
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def set_output_embeddings(self, value):
+        self.model.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: FoXCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        return_dict: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """input_ids (B, T): the tokens after those in ``past_key_values`` (all of them without a cache).
+
+        attention_mask (B, past + T): 0/1, left padding only. position_ids (B, T): RoPE positions (default:
+        counted from each row's first real token). use_cache: return a ``FoXCache`` extended with these tokens
+        (default: only when ``past_key_values`` is given). logits_to_keep: compute logits for the last N tokens
+        only (0 = all).
+        """
+        if inputs_embeds is not None:
+            raise NotImplementedError("FoXForCausalLM takes input_ids, not inputs_embeds")
+        if output_attentions or output_hidden_states:
+            raise NotImplementedError("output_attentions / output_hidden_states are not supported")
+        if input_ids is None:
+            raise ValueError("input_ids is required")
+        cache = self._resolve_cache(past_key_values, use_cache)
+        past = cache.get_seq_length() if cache is not None else 0
+        seq_start = None
+        if attention_mask is not None:
+            want = (input_ids.shape[0], past + input_ids.shape[1])
+            if tuple(attention_mask.shape) != want:
+                raise ValueError(f"attention_mask must be (batch, cached + new tokens) = {want}; "
+                                 f"got {tuple(attention_mask.shape)}")
+            seq_start = seq_start_from_mask(attention_mask.to(input_ids.device))
+        if cache is not None:
+            if past and not _same_start(cache.seq_start, seq_start, attention_mask is None):
+                raise ValueError("attention_mask disagrees with the padding of the cached tokens")
+            seq_start = cache.seq_start if attention_mask is None and past else seq_start
+            cache.seq_start = seq_start
+        h = self.model.hidden_states(
+            input_ids, cache=None if cache is None else cache.layers, seq_start=seq_start, positions=position_ids,
+        )  # (B, T, d_model)
+        logits = self.model.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)  # (B, T', V)
+        loss = None
+        if labels is not None:
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError("labels need logits for every position (logits_to_keep=0)")
+            # HF convention: the logits at t predict labels[t + 1].
+            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        return out if return_dict is not False else out.to_tuple()
+
+    def _resolve_cache(self, past_key_values, use_cache) -> FoXCache | None:
+        if past_key_values is None:
+            return FoXCache(self.config.n_layers) if use_cache else None
+        if isinstance(past_key_values, FoXCache):
+            return past_key_values
+        # Some transformers versions hand every model an empty DynamicCache; FoX needs more state than it holds.
+        if isinstance(past_key_values, DynamicCache) and past_key_values.get_seq_length() == 0:
+            return FoXCache(self.config.n_layers)
+        raise TypeError(f"past_key_values must be a FoXCache (returned by FoXForCausalLM); got "
+                        f"{type(past_key_values).__name__}")
+
+
+def _same_start(cached: torch.Tensor | None, new: torch.Tensor | None, new_absent: bool) -> bool:
+    if new_absent or (cached is None and new is None):
+        return True
+    if cached is None or new is None:
+        return False
+    return bool(torch.equal(cached.to(new.device), new))
+
+
+AutoConfig.register(MODEL_TYPE, FoXConfig, exist_ok=True)
+AutoModelForCausalLM.register(FoXConfig, FoXForCausalLM, exist_ok=True)

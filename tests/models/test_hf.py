@@ -1,0 +1,176 @@
+"""Hugging Face integration: FoXConfig / FoXForCausalLM, save/load round trip, loss convention, export_hf.py."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from forgetting_transformer.config import ModelConfig
+from forgetting_transformer.models import build_model
+from forgetting_transformer.models.hf import MODEL_FIELDS, FoXConfig, FoXForCausalLM
+from forgetting_transformer.models.layers import decay_bias_init
+
+ROOT = Path(__file__).resolve().parents[2]
+PRO = dict(qk_norm=True, output_gate=True, output_norm=True, kv_shift=True)
+SMALL = dict(vocab_size=97, n_layers=2, d_model=32, head_dim=8)
+
+
+@pytest.mark.parametrize("switches", [{}, dict(rope=True, **PRO), dict(fgate="fixed", fgate_init=[2, 64], **PRO),
+                                      dict(fgate="none", rope=True, n_kv_heads=2, **PRO)])
+def test_save_pretrained_round_trip_is_bit_exact(switches, tmp_path):
+    torch.manual_seed(0)
+    model = FoXForCausalLM(FoXConfig(**SMALL, **switches)).eval()
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    assert AutoConfig.from_pretrained(tmp_path).to_model_config() == model.config.to_model_config()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is FoXForCausalLM
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+    x = torch.randint(0, 97, (2, 11))
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, loaded(x).logits)
+
+
+def test_config_holds_every_model_field_and_writes_them_all(tmp_path):
+    cfg = OmegaConf.structured(ModelConfig(name="fox_pro", arch="decoder", **SMALL, fgate="data_independent",
+                                           fgate_init=[2, 64], n_kv_heads=2, **PRO))
+    hf_cfg = FoXConfig.from_model_config(cfg)
+    assert hf_cfg.to_model_config() == OmegaConf.to_object(cfg)
+    assert hf_cfg.hidden_size == 32 and hf_cfg.num_hidden_layers == 2
+    hf_cfg.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "forgetting_transformer"
+    assert set(MODEL_FIELDS) <= set(saved)  # defaults too: the file does not depend on this code's defaults
+    with pytest.raises(ValueError, match="does not know"):
+        FoXConfig.from_model_config({**OmegaConf.to_container(cfg), "nope": 1})
+
+
+def test_state_dict_maps_one_to_one_onto_decoder_lm():
+    mcfg = ModelConfig(name="t", arch="decoder", **SMALL, fgate="fixed", fgate_init=[2, 64], **PRO)
+    torch.manual_seed(0)
+    dec = build_model(mcfg).eval()
+    hf = FoXForCausalLM(FoXConfig.from_model_config(mcfg)).eval()
+    assert {f"model.{k}" for k in dec.state_dict()} == set(hf.state_dict())
+    hf.model.load_state_dict(dec.state_dict())  # strict
+    x = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(hf(x).logits, dec(x))
+
+
+def test_fresh_model_follows_the_decoder_init_scheme():
+    torch.manual_seed(0)
+    hf = FoXForCausalLM(FoXConfig(**{**SMALL, "d_model": 256, "head_dim": 64, "vocab_size": 1000},
+                                  fgate="data_independent", fgate_init=[2, 64], qk_norm=True))
+    attn = hf.model.blocks[0].attn
+    assert abs(hf.model.blocks[0].mlp.w_up.weight.std().item() - 0.02) < 0.001
+    torch.testing.assert_close(attn.fgate.bias.data, decay_bias_init(4, 2, 64).float())
+    assert (attn.q_norm.weight == 1).all() and (hf.model.norm.weight == 1).all()
+    dd = FoXForCausalLM(FoXConfig(**SMALL)).model.blocks[0].attn.fgate.proj.bias
+    assert (dd == 0).all()
+
+
+def test_labels_follow_the_hf_convention():
+    # labels = input_ids, shifted inside; -100 ignored; mean over the remaining targets.
+    torch.manual_seed(0)
+    hf = FoXForCausalLM(FoXConfig(**SMALL, **PRO)).eval()
+    x = torch.randint(0, 97, (2, 10))
+    labels = x.clone()
+    labels[0, 6:] = -100
+    with torch.no_grad():
+        out = hf(x, labels=labels)
+        per_token = hf.model(x[:, :-1], x[:, 1:])  # DecoderLM: already-shifted targets, per-token loss (B, T-1)
+    keep = labels[:, 1:] != -100
+    torch.testing.assert_close(out.loss, per_token[keep].mean())
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits[:, :-1].transpose(1, 2), labels[:, 1:]))
+
+
+# ------------------------------------------------------------------------------------------------ export_hf.py
+
+WORDS = ("the of and to in a is that it was he for on are as with his they at be this from have or by one had not "
+         "but what all were when we there can an your which their said if do will each about how up out them").split()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A tiny FoX (Pro) + RoPE run trained by train.py on a data dir with its own tokenizer.json."""
+    from forgetting_transformer.data.prepare import prepare_corpus
+
+    tmp = tmp_path_factory.mktemp("hf_export")
+    rng = np.random.default_rng(0)
+    texts = []
+    for i in range(3):
+        (tmp / f"doc{i}.txt").write_text(" ".join(rng.choice(WORDS, size=1500)), encoding="utf-8")
+        texts.append(tmp / f"doc{i}.txt")
+    meta = prepare_corpus([str(t) for t in texts], tmp / "data", vocab_size=300, doc_len=64, heldout_docs=1,
+                          progress=False, _print_summary=False)
+    out = tmp / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), f"output_dir={out}", "model=fox_pro_rope", "data=longcrawl64",
+           f"data.data_dir={tmp / 'data'}", "data.seq_len=32", f"data.vocab_size={meta['vocab_size']}",
+           f"data.bos_id={meta['bos_id']}", "model.n_layers=1", "model.d_model=32", "model.n_heads=2",
+           "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=2", "eval.heldout_batches=1",
+           "eval.per_token_loss=false"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return tmp, out
+
+
+def export_cli(*args):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "export_hf.py"), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def export_fn():
+    spec = importlib.util.spec_from_file_location("export_hf", ROOT / "scripts" / "export_hf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.export
+
+
+def test_export_loads_with_auto_classes_and_matches_the_training_model(run, tmp_path):
+    from eval.common import load_run
+
+    tmp, run_dir = run
+    res = export_cli(run_dir, tmp_path / "hf", "--step", 2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    trained, cfg, _ = load_run(run_dir)
+    ids = tok(["the of and to in", "what all were when we there can an"], return_tensors="pt", padding=True)
+    assert tok.padding_side == "left" and ids.attention_mask[0, 0] == 0  # row 0 is the shorter one
+    assert ids.input_ids[1, 0].item() == cfg.data.bos_id  # bos prepended, as the training reader does
+    assert tok.decode(tok("the of and")["input_ids"], skip_special_tokens=True) == "the of and"
+    x = ids.input_ids[1:]
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, trained(x))
+    out = model.generate(**ids, max_new_tokens=5, do_sample=False)
+    assert out.shape == (2, ids.input_ids.shape[1] + 5)
+    assert model.generation_config.eos_token_id == cfg.data.bos_id == tok.eos_token_id
+    assert isinstance(tok.decode(out[0]), str)
+
+
+def test_export_without_a_tokenizer_is_a_clear_error_and_tokenizer_flag_fixes_it(run, tmp_path):
+    tmp, run_dir = run
+    # A run whose data dir has no tokenizer.json (like GPT-2-tokenised LongCrawl64).
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    cfg = OmegaConf.load(copy / "config.yaml")
+    cfg.data.data_dir = str(tmp_path / "no_tokenizer")
+    (copy / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    export = export_fn()
+    with pytest.raises(FileNotFoundError, match="tokenizer.json.*--tokenizer"):
+        export(copy, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    export(copy, tmp_path / "hf", tokenizer=tmp / "data" / "tokenizer.json")
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf").bos_token == "<|endoftext|>"
