@@ -1,14 +1,423 @@
 """Public Forgetting Attention op: one function, dispatching on the device.
 
-CUDA tensors go to the Triton kernel once it exists (issue 3); until then, and always on CPU, the plain-PyTorch
-reference computes it. The dispatch lives here and only here.
+Layers (top to bottom of this file):
+    1. configs / lazy kernel access (``triton_kernels.py`` holds the ``@triton.jit`` code; triton is imported
+       only when a kernel is first launched, so importing this module needs no working triton);
+    2. launchers ``_fwd_launch`` / ``_bwd_launch`` (plain functions on tensors);
+    3. ``torch.library`` custom ops ``forgetting_transformer::fox_fwd`` / ``fox_bwd`` with fake (meta)
+       implementations and ``register_autograd`` (the autograd layer), so ``torch.compile`` traces the op
+       without graph breaks;
+    4. the public ``forgetting_attention``: CUDA bf16/fp16 tensors -> Triton kernel, CPU (and fp32) -> the
+       PyTorch reference (``backend="triton"`` forces the kernel, e.g. on CPU under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
 
+import math
+import os
+from typing import Optional
+
 import torch
 
-from .reference import forgetting_attention_ref
+from . import acp as _acp
+from .reference import check_inputs, forgetting_attention_ref
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. configs and lazy kernel access
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# Block sizes used under the interpreter (one config: the interpreter cannot autotune). Tests may patch this
+# dict to exercise other tilings. BLOCK_M != BLOCK_N on purpose (misaligned query/key blocks).
+_INTERPRET_CONFIGS = {
+    "fwd": dict(BLOCK_M=32, BLOCK_N=16),
+    "dq": dict(BLOCK_M=16, BLOCK_N=32),
+    "dkdv": dict(BLOCK_M=16, BLOCK_N=32),
+}
+
+_KERNELS = {}
+
+
+def _gpu_configs(kind):
+    import triton
+
+    C = triton.Config
+    # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each list won on an H200 sweep at D=64 or D=128.
+    if kind == "fwd":
+        raw = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 4)]
+    elif kind == "dq":
+        raw = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 4), (128, 32, 4, 3), (64, 32, 4, 2)]
+    else:  # dkdv: BLOCK_M = queries per step, BLOCK_N = keys per program
+        raw = [(64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 2)]
+    return [C(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s) for m, n, w, s in raw]
+
+
+def _prune(kind):
+    def prune(configs, named_args, **kwargs):
+        D = kwargs.get("BLOCK_D", named_args.get("BLOCK_D"))
+        out = []
+        for c in configs:
+            m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+            if D >= 256 and (m * n > 64 * 64 or c.num_stages > 2):
+                continue
+            if D >= 128 and kind == "dkdv" and m * n > 64 * 128:
+                continue
+            out.append(c)
+        return out or configs[-1:]
+
+    return prune
+
+
+def _autotune_enabled() -> bool:
+    """Autotune on GPUs unless ``FOX_AUTOTUNE=0`` (then the heuristic config below is used; tests use this)."""
+    return not _interpreting() and os.environ.get("FOX_AUTOTUNE", "1") != "0"
+
+
+def _heuristic_config(kind, head_dim):
+    """One config per kernel from the head dim alone (no per-GPU table): (BLOCK_M, BLOCK_N, warps, stages)."""
+    if kind == "fwd":
+        m, n, w, s = (128, 64, 4, 3) if head_dim <= 64 else (128, 128, 8, 3) if head_dim <= 128 else (64, 64, 4, 2)
+    elif kind == "dq":
+        m, n, w, s = (64, 64, 4, 3) if head_dim <= 64 else (128, 64, 8, 3) if head_dim <= 128 else (64, 32, 4, 2)
+    else:
+        m, n, w, s = (64, 64, 4, 3) if head_dim <= 64 else (64, 128, 8, 3) if head_dim <= 128 else (32, 64, 4, 2)
+    return dict(BLOCK_M=m, BLOCK_N=n), w, s
+
+
+def _kernel(kind):
+    """The jit kernel for ``kind`` (autotuned on a GPU, plain under the interpreter)."""
+    key = (kind, _autotune_enabled())
+    if key not in _KERNELS:
+        from . import triton_kernels as tk
+
+        fn = {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
+        if _autotune_enabled():
+            import triton
+
+            fn = triton.autotune(
+                configs=_gpu_configs(kind), key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE"],
+                prune_configs_by={"early_config_prune": _prune(kind)},
+            )(fn)
+        _KERNELS[key] = fn
+    return _KERNELS[key]
+
+
+# kind -> (meta dict, num_warps, num_stages): forces one config (used by the benchmark's --sweep).
+_FORCE_CONFIGS = {}
+
+
+def _raw_kernel(kind):
+    from . import triton_kernels as tk
+
+    return {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
+
+
+def _fixed_config(kind, block_d):
+    """The (meta, warps, stages) used when autotuning is off or a block-size-dependent table (ACP) is passed."""
+    if _interpreting():
+        return _INTERPRET_CONFIGS[kind], 4, 1
+    if kind in _FORCE_CONFIGS:
+        return _FORCE_CONFIGS[kind]
+    return _heuristic_config(kind, block_d)
+
+
+_ACP_GRID_OVERRIDE = None  # tests only
+
+
+def _acp_grid(block_d):
+    """Coarse ACP granularity (GM, GN): the largest BLOCK_M / BLOCK_N of the three kernels (powers of two, so
+    every kernel's blocks divide it)."""
+    if _ACP_GRID_OVERRIDE is not None:
+        return _ACP_GRID_OVERRIDE
+    cfgs = [_fixed_config(kind, block_d)[0] for kind in ("fwd", "dq", "dkdv")]
+    return max(c["BLOCK_M"] for c in cfgs), max(c["BLOCK_N"] for c in cfgs)
+
+
+def _acp_lo(kind, acp_tables, Tq, block_d):
+    GM, GN = _acp_grid(block_d)
+    cfg = _fixed_config(kind, block_d)[0]
+    return _acp.lo_for_tiling(acp_tables[0], Tq, GM, GN, cfg["BLOCK_M"], cfg["BLOCK_N"])
+
+
+def _acp_args(acp_tables, n, block_d):
+    """Kernel args (table, blocks per row of the coarse table, GM, GN); the kernels map coarse to own tiles."""
+    if acp_tables is None:
+        return 0, 1, 1
+    GM, GN = _acp_grid(block_d)
+    return n, GM, GN
+
+
+def _acp_coarse_tables(lf, acp_delta, Tq, block_d):
+    """(lo_g, hi_g) on the coarse ACP grid: one Triton launch (float64 cumsum + vectorised binary searches).
+    ``acp._tables_torch`` is the PyTorch equivalent (tests compare them)."""
+    GM, GN = _acp_grid(block_d)
+    B, Tk, H = lf.shape
+    NQ, NK = _cdiv(Tq, GM), _cdiv(Tk, GN)
+    lo = torch.empty((B * H, NQ), device=lf.device, dtype=torch.int32)
+    hi = torch.empty((B * H, NK), device=lf.device, dtype=torch.int32)
+    c = torch.empty((B * H, Tk), device=lf.device, dtype=torch.float64)
+    from . import triton_kernels as tk
+
+    tk._acp_tables_kernel[(B * H,)](
+        lf, acp_delta.reshape(-1).contiguous(), c, lo, hi, H, Tq, Tk, NQ, NK,
+        max(NQ, 1).bit_length(), max(NK, 1).bit_length(), GM=GM, GN=GN,
+        CHUNK=64 if _interpreting() else 1024, VEC=16 if _interpreting() else 128, num_warps=4,
+    )
+    return lo, hi
+
+
+def _launch(kind, grid_fn, *args, fixed=False, **meta):
+    if fixed or _interpreting() or kind in _FORCE_CONFIGS or not _autotune_enabled():
+        cfg, w, s = _fixed_config(kind, meta["BLOCK_D"])
+        _raw_kernel(kind)[grid_fn(cfg)](*args, **meta, **cfg, num_warps=w, num_stages=s)
+    else:
+        _kernel(kind)[grid_fn](*args, **meta)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. launchers
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
+    if Tq == 0:
+        return o, lse
+    has_start = kstart is not None
+    ks = kstart if has_start else lse  # dummy pointer when absent
+    ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
+    block_d = max(16, _next_pow2(D))
+    lo = lse if acp_tables is None else acp_tables[0]
+    _launch(
+        "fwd", lambda META: (B * H, _cdiv(Tq, META["BLOCK_M"])),
+        q, k, v, lf, o, lse, ks, lo,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
+        o.stride(0), o.stride(1), o.stride(2), *ks_strides,
+        H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
+        *_acp_args(acp_tables, None if acp_tables is None else acp_tables[0].shape[1], block_d),
+        HEAD_DIM=D, BLOCK_D=block_d, HAS_START=has_start, HAS_LO=acp_tables is not None,
+        IEEE=q.dtype == torch.float32, fixed=acp_tables is not None,
+    )
+    return o, lse
+
+
+def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
+    B, Tq, H, D = q.shape
+    if Tq == 0:
+        return torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(lf)
+    do = do.contiguous()
+    o = o.contiguous()
+    # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
+    dq, drow, delta = _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables)
+    dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables)
+    return dq, dk, dv, _bwd_dlogf(drow, dcol)
+
+
+def _bwd_dlogf(drow, dcol):
+    """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc."""
+    B, Tq, H = drow.shape
+    Tk = dcol.shape[1]
+    dlf = torch.empty_like(dcol)
+    from . import triton_kernels as tk
+
+    tk._dlogf_kernel[(B * H,)](drow, dcol, dlf, H, Tq, Tk, CHUNK=64 if _interpreting() else 1024)
+    return dlf
+
+
+def _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables=None):
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    q, o = q.contiguous(), o.contiguous()  # the dq kernel indexes q, o and dq with one set of strides
+    dq = torch.empty_like(q)
+    delta = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
+    drow = torch.empty((B, Tq, H), device=q.device, dtype=torch.float32)
+    has_start = kstart is not None
+    ks = kstart if has_start else lse
+    ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
+    common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32,
+                  fixed=acp_tables is not None)
+    lo = lse if acp_tables is None else acp_tables[0]
+    _launch(
+        "dq", lambda META: (B * H, _cdiv(Tq, META["BLOCK_M"])),
+        q, k, v, lf, do, o, lse, delta, dq, drow, ks, lo,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
+        do.stride(0), do.stride(1), do.stride(2), *ks_strides,
+        H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
+        *_acp_args(acp_tables, None if acp_tables is None else acp_tables[0].shape[1], common["BLOCK_D"]),
+        HAS_START=has_start, HAS_LO=acp_tables is not None, **common,
+    )
+    return dq, drow, delta
+
+
+def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=None):
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
+    has_start = kstart is not None
+    has_end = kend is not None
+    ks = kstart if has_start else lse
+    ke = kend if has_end else lse
+    ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
+    ke_strides = (kend.stride(0), kend.stride(1)) if has_end else (0, 0)
+    common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32,
+                  fixed=acp_tables is not None)
+    hi = lse if acp_tables is None else acp_tables[1]
+    _launch(
+        "dkdv", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])),
+        q, k, v, lf, do, lse, delta, dk, dv, dcol, ks, ke, hi,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
+        do.stride(0), do.stride(1), do.stride(2), *ks_strides, *ke_strides,
+        dk.stride(0), dk.stride(1), dk.stride(2),
+        H, Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
+        *_acp_args(acp_tables, None if acp_tables is None else acp_tables[1].shape[1], common["BLOCK_D"]),
+        H // Hkv,
+        HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, **common,
+    )
+    return dk, dv, dcol
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3. torch.library custom ops (+ fake impls, + autograd)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("forgetting_transformer::fox_fwd", mutates_args=())
+def _fox_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_fgate: torch.Tensor,
+    kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor], sm_scale: float,
+    acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    tables = None if acp_lo is None else (acp_lo, acp_hi)
+    return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, tables)
+
+
+@_fox_fwd.register_fake
+def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
+    B, Tq, H, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, H, Tq), dtype=torch.float32)
+
+
+@torch.library.custom_op("forgetting_transformer::fox_bwd", mutates_args=())
+def _fox_bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_fgate: torch.Tensor,
+    o: torch.Tensor, lse: torch.Tensor, kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor],
+    sm_scale: float, acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    tables = None if acp_lo is None else (acp_lo, acp_hi)
+    return _bwd_launch(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, tables)
+
+
+@_fox_bwd.register_fake
+def _(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(log_fgate)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi)
+    ctx.sm_scale = sm_scale
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi = ctx.saved_tensors
+    dq, dk, dv, dlf = _fox_bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, acp_lo, acp_hi)
+    return dq, dk, dv, dlf, None, None, None, None, None
+
+
+_fox_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 4. public function
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _check_kernel_inputs(q, k, v, log_fgate):
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q/k/v dtype must be one of float16, bfloat16, float32 for the kernel; got {q.dtype}")
+    if log_fgate.dtype != torch.float32:
+        raise ValueError(f"log_fgate must be float32 for the kernel; got {log_fgate.dtype}")
+    D = q.shape[-1]
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} is not supported by the kernel (1 <= D <= {MAX_HEAD_DIM}; "
+                         f"tuned for 16, 32, 64, 96, 128, 256)")
+    devs = {t.device for t in (q, k, v, log_fgate)}
+    if len(devs) != 1:
+        raise ValueError(f"q, k, v, log_fgate must be on one device; got {sorted(map(str, devs))}")
+
+
+def _row_bounds(q, k, cu_seqlens, seq_start):
+    """Per-query first visible key (B, Tq) and per-key last query position (B, Tk), int32, or None."""
+    B, Tq = q.shape[:2]
+    Tk = k.shape[1]
+    kstart = kend = None
+    if cu_seqlens is not None:
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int64)
+        pos = torch.arange(Tk, device=q.device)
+        doc = torch.bucketize(pos, cu[1:], right=True)  # (Tk,)
+        kstart = cu[doc][None, Tk - Tq:].to(torch.int32)  # (1, Tq)
+        kend = (cu[doc + 1] - 1)[None].to(torch.int32)  # (1, Tk)
+    if seq_start is not None:
+        st = seq_start.to(device=q.device, dtype=torch.int32)[:, None].expand(B, Tq)
+        kstart = st if kstart is None else torch.maximum(kstart, st)
+    if kstart is not None:
+        kstart = kstart.contiguous()
+    return kstart, kend
+
+
+def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlens=None, seq_start=None,
+                                 adaptive_threshold=None, return_stats=False, acp_eps=_acp.DEFAULT_EPS,
+                                 qk_norm_weights=None):
+    """The Triton path, on any device (CPU needs ``TRITON_INTERPRET=1`` before triton is imported)."""
+    check_inputs(q, k, v, log_fgate, cu_seqlens, seq_start)
+    _check_kernel_inputs(q, k, v, log_fgate)
+    D = q.shape[-1]
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    log_fgate = log_fgate.contiguous()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        # within one batch element the kernels index rows with int32 (batch and head offsets are int64)
+        if t.shape[1] * t.stride(1) >= 2**31:
+            raise ValueError(f"{name}: seq_len * H * D = {t.shape[1] * t.stride(1)} elements per batch element "
+                             f"exceeds the kernel's int32 row indexing (< 2^31); split the heads into several calls")
+    kstart, kend = _row_bounds(q, k, cu_seqlens, seq_start)
+    block_d = max(16, _next_pow2(D))
+    tables = (None, None)
+    if adaptive_threshold is not None:
+        acp_delta = _acp.acp_threshold(q, k, sm_scale, adaptive_threshold, eps=acp_eps,
+                                       qk_norm_weights=qk_norm_weights)
+        tables = _acp_coarse_tables(log_fgate, acp_delta, q.shape[1], block_d)
+    o, _ = _fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
+    if return_stats:
+        cfg = _fixed_config("fwd", block_d)[0]
+        lo = None if tables[0] is None else _acp_lo("fwd", tables, q.shape[1], block_d)
+        stats = _acp.tile_stats(log_fgate, None, q.shape[1], cfg["BLOCK_M"], cfg["BLOCK_N"], lo=lo)
+        return o, stats
+    return o
 
 
 def forgetting_attention(
@@ -22,20 +431,46 @@ def forgetting_attention(
     seq_start: torch.Tensor | None = None,
     adaptive_threshold=None,
     return_stats: bool = False,
+    backend: str | None = None,
+    acp_eps: float = _acp.DEFAULT_EPS,
+    qk_norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal softmax attention with a forget gate: ``o_i = sum_j softmax_j(q_i.k_j*s + c_i - c_j) v_j``.
 
     Args:
-        q: ``(B, Tq, H, D)`` queries.
+        q: ``(B, Tq, H, D)`` queries (bf16/fp16 on the GPU; fp32 also accepted).
         k, v: ``(B, Tk, Hkv, D)``; ``Hkv`` divides ``H`` (GQA/MQA); ``Tq <= Tk``, queries aligned to the end.
         log_fgate: ``(B, Tk, H)`` float32 log forget gates (``<= 0``); ``c = cumsum(log_fgate)``.
         sm_scale: defaults to ``1 / sqrt(D)``.
-        cu_seqlens: ``(N + 1,)`` document boundaries of a packed ``B = 1`` batch.
-        seq_start: ``(B,)`` first real key of each sequence (left padding).
-        adaptive_threshold, return_stats: Adaptive Computation Pruning (kernel only).
+        cu_seqlens: ``(N + 1,)`` document boundaries of a packed ``B = 1`` batch (default None).
+        seq_start: ``(B,)`` first real key of each sequence (left padding; default None). Query rows with no
+            visible key return 0.
+        adaptive_threshold: Adaptive Computation Pruning (kernel only; default None = dense). ``"auto"``:
+            ``delta = -2U - log(Tk) + log(acp_eps)`` per (batch, head), ``U`` from ``qk_norm_weights`` when
+            given, else from the max q / k norms; or a float, or a ``(B, H)`` tensor of thresholds. Tiles whose
+            every decay ``c_i - c_j`` is below ``delta`` are skipped in the forward and both backward kernels.
+            Needs ``log_fgate <= 0``.
+        return_stats: also return ``{"computed": (B, H), "pruned": (B, H)}`` forward tile counts.
+        acp_eps: ACP's bound on the pruned attention weight per row (default ``e^-10``).
+        qk_norm_weights: ``(gamma_q, gamma_k)`` QK-RMSNorm weights (``(D,)`` or ``(H, D)``) for ``"auto"``.
+        backend: ``None`` (default: CUDA bf16/fp16 tensors -> Triton kernel; CPU, or fp32 on CUDA -> PyTorch
+            reference), ``"triton"`` or ``"reference"``.
     Returns:
-        ``(B, Tq, H, D)`` in q's dtype.
+        ``(B, Tq, H, D)`` in q's dtype (``(o, stats)`` with ``return_stats``). Differentiable w.r.t. q, k, v
+        and log_fgate.
     """
+    if backend is None:
+        # fp32 on CUDA goes to the reference: the kernel's GPU configs are tuned and tested for bf16 / fp16
+        # (fp32 tiles can exceed shared memory); pass backend="triton" to force it.
+        backend = "triton" if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) else "reference"
+    if backend == "triton":
+        return _forgetting_attention_triton(
+            q, k, v, log_fgate, sm_scale=sm_scale, cu_seqlens=cu_seqlens, seq_start=seq_start,
+            adaptive_threshold=adaptive_threshold, return_stats=return_stats, acp_eps=acp_eps,
+            qk_norm_weights=qk_norm_weights,
+        )
+    if backend != "reference":
+        raise ValueError(f"backend must be None, 'triton' or 'reference'; got {backend!r}")
     return forgetting_attention_ref(
         q, k, v, log_fgate, sm_scale=sm_scale, cu_seqlens=cu_seqlens, seq_start=seq_start,
         adaptive_threshold=adaptive_threshold, return_stats=return_stats,

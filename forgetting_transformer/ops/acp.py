@@ -1,0 +1,123 @@
+"""Adaptive Computation Pruning (ACP, Lin et al. 2025) for the Forgetting Attention kernel: thresholds and
+block-level pruning boundaries.
+
+A tile (query block m, key block n) is pruned iff every decay in it is below the threshold ``delta``:
+``max_{i in m, j in n} D_ij = c_{first query of m} - c_{last key of n} < delta`` (``D`` is monotone: it decreases
+away from the diagonal, so the pruned key blocks of a query block form a prefix, and the pruned query blocks of a
+key block a suffix). ``delta = -2U - log(Tk) + log(eps)`` with ``U >= max |s_ij|`` bounds the total softmax
+weight pruned from any row by ``eps``.
+
+The boundary is computed once on a coarse grid (GM x GN, the largest block sizes of the three kernels) and mapped
+to each kernel's tiling, so the forward and both backward kernels prune exactly the same (i, j) region and the
+gradients are exactly those of the pruned forward. The kernel path computes the coarse boundaries in one Triton
+launch (``triton_kernels._acp_tables_kernel``: a linear float64 cumsum pass, then vectorised binary searches);
+``lo_table`` / ``hi_table`` here are the PyTorch (``torch.searchsorted``) equivalents used to test it and for
+``tile_stats``. Requires ``log f <= 0`` (then ``c`` is non-increasing and the searches are valid).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DEFAULT_EPS = math.exp(-10.0)
+
+
+def acp_threshold(q, k, sm_scale, adaptive_threshold, *, eps=DEFAULT_EPS, qk_norm_weights=None):
+    """Per-(batch, head) pruning threshold ``delta`` as a (B, H) float32 tensor.
+
+    adaptive_threshold: ``"auto"`` (``delta = -2U - log Tk + log eps``), a float, or a (B, H) tensor.
+    For ``"auto"``, ``U = sm_scale * max|q| * max|k|``: with ``qk_norm_weights = (gamma_q, gamma_k)`` (RMSNorm
+    weights, shape (D,) or (H, D)) ``max|q| <= max|gamma_q| sqrt(D)``; otherwise the max L2 norms of the
+    actual q and k per (batch, head) are used.
+    """
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    if isinstance(adaptive_threshold, str):
+        if adaptive_threshold != "auto":
+            raise ValueError(f"adaptive_threshold must be None, 'auto', a float or a (B, H) tensor; "
+                             f"got {adaptive_threshold!r}")
+        if not (0.0 < eps < 1.0):
+            raise ValueError(f"acp eps must be in (0, 1); got {eps}")
+        if qk_norm_weights is not None:
+            gq, gk = qk_norm_weights
+            qmax = gq.detach().float().abs().amax(-1) * math.sqrt(D)  # () or (H,)
+            kmax = gk.detach().float().abs().amax(-1) * math.sqrt(D)
+            if kmax.dim() == 1 and kmax.numel() == Hkv and Hkv != H:
+                kmax = kmax.repeat_interleave(H // Hkv)
+            U = (sm_scale * qmax * kmax).to(q.device).expand(B, H)
+        else:
+            qmax = q.detach().float().norm(dim=-1).amax(dim=1)  # (B, H)
+            kmax = k.detach().float().norm(dim=-1).amax(dim=1).repeat_interleave(H // Hkv, dim=1)  # (B, H)
+            U = sm_scale * qmax * kmax
+        return (-2.0 * U - math.log(max(Tk, 1)) + math.log(eps)).float().contiguous()
+    if isinstance(adaptive_threshold, (int, float)):
+        return torch.full((B, H), float(adaptive_threshold), device=q.device, dtype=torch.float32)
+    if isinstance(adaptive_threshold, torch.Tensor):
+        if adaptive_threshold.shape != (B, H):
+            raise ValueError(f"adaptive_threshold tensor must be (B, H) = {(B, H)}; "
+                             f"got {tuple(adaptive_threshold.shape)}")
+        return adaptive_threshold.detach().to(device=q.device, dtype=torch.float32).contiguous()
+    raise ValueError(f"adaptive_threshold must be None, 'auto', a float or a (B, H) tensor; "
+                     f"got {type(adaptive_threshold).__name__}")
+
+
+def cumsum(lf):
+    """c = cumsum(log f) in float64, (B, H, Tk) contiguous."""
+    return torch.cumsum(lf.detach().transpose(1, 2).contiguous().double(), dim=-1)
+
+
+def _query_block_starts(Tq, Tk, BM, device):
+    return (Tk - Tq) + torch.arange(0, Tq, BM, device=device)  # absolute position of each block's first row
+
+
+def _key_block_ends(Tk, BN, device):
+    return torch.clamp(torch.arange(BN - 1, Tk + BN - 1, BN, device=device), max=Tk - 1)
+
+
+def lo_table(lf, delta, Tq, BM, BN, c=None):
+    """(B*H, cdiv(Tq, BM)) int32: per query block, the number of leading key blocks (of size BN) pruned."""
+    B, Tk, H = lf.shape
+    c = cumsum(lf) if c is None else c
+    cm = c[..., _query_block_starts(Tq, Tk, BM, lf.device)]  # (B, H, nq)
+    ce = c[..., _key_block_ends(Tk, BN, lf.device)].contiguous()  # (B, H, nk), non-increasing
+    lo = torch.searchsorted(-ce, (delta.double()[..., None] - cm).contiguous(), side="left")
+    return lo.to(torch.int32).reshape(B * H, -1).contiguous()
+
+
+def hi_table(lf, delta, Tq, BM, BN, c=None):
+    """(B*H, cdiv(Tk, BN)) int32: per key block, the last query block (of size BM) that is not pruned."""
+    B, Tk, H = lf.shape
+    c = cumsum(lf) if c is None else c
+    cm = c[..., _query_block_starts(Tq, Tk, BM, lf.device)].contiguous()  # (B, H, nq), non-increasing
+    ce = c[..., _key_block_ends(Tk, BN, lf.device)]  # (B, H, nk)
+    cnt = torch.searchsorted(-cm, (-(ce + delta.double()[..., None])).contiguous(), side="right")
+    return (cnt - 1).to(torch.int32).reshape(B * H, -1).contiguous()
+
+
+def _tables_torch(lf, delta, Tq, GM, GN):
+    """PyTorch equivalent of the Triton ``_acp_tables_kernel``: (lo_g, hi_g) on the coarse grid."""
+    c = cumsum(lf)
+    return lo_table(lf, delta, Tq, GM, GN, c=c), hi_table(lf, delta, Tq, GM, GN, c=c)
+
+
+def lo_for_tiling(lo_g, Tq, GM, GN, BM, BN):
+    """Map a coarse (GM x GN) ``lo_table`` to a kernel tiling (BM | GM, BN | GN): the same pruned region."""
+    idx = torch.arange(0, Tq, BM, device=lo_g.device) // GM
+    return (lo_g[:, idx] * (GN // BN)).to(torch.int32).contiguous()
+
+
+def tile_stats(lf, delta, Tq, BM, BN, lo=None):
+    """Forward-pass tile counts per (batch, head): ``{"computed": (B, H), "pruned": (B, H)}`` int64 (causal tiles
+    only; left padding / document masks are not subtracted). ``delta=None`` gives the dense counts."""
+    B, Tk, H = lf.shape
+    m0 = _query_block_starts(Tq, Tk, BM, lf.device)
+    n_top = (torch.clamp(m0 + BM, max=Tk) - 1) // BN  # index of the diagonal key block
+    dense = (n_top + 1).expand(B, H, -1)
+    if delta is None and lo is None:
+        pruned = torch.zeros_like(dense)
+    else:
+        lo = lo_table(lf, delta, Tq, BM, BN) if lo is None else lo
+        pruned = torch.minimum(lo.reshape(B, H, -1).long(), dense)
+    return {"computed": (dense - pruned).sum(-1), "pruned": pruned.sum(-1)}

@@ -1,0 +1,480 @@
+"""Triton kernels for Forgetting Attention (FlashAttention-2 style). ``@triton.jit`` code only.
+
+Layouts (strides are passed, the last dim must be contiguous):
+    Q, DO, O, DQ: (B, Tq, H, D)        K, V, DK, DV: (B, Tk, Hkv, D)      LF (log f), DROW, DCOL: (B, Tk|Tq, H)
+    LSE, DELTA: (B, H, Tq) float32 (LSE in log2 units)
+    KSTART: (B, Tq) int32, first visible key position of each query row (left padding / documents)
+    KEND:   (B, Tk) int32, last query position that may see each key (documents)
+Queries are aligned to the end of the keys: query row r sits at absolute key position ``off + r``,
+``off = Tk - Tq``.
+
+Numerics of the decay ``D_ij = sum_{t=j+1..i} log f_t``: it is never formed as a difference of one global
+cumulative sum. Each tile forms local cumulative sums of its own ``log f`` block (``tl.cumsum``) and a running
+sum of whole-block totals carries the distance between the query block and the key block; the only
+subtraction is between two sums of at most one block each plus the (non-cancelling) running total, so the
+rounding error is that of a ``BLOCK``-long sum, independent of the sequence length.
+"""
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+    n0, E, qk_scale, offs_n, offs_d,
+    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pos_k = n0 + offs_n
+    kv_ok = pos_k < E
+    lf_k = tl.load(LF_base + pos_k * slt, mask=kv_ok, other=0.0)
+    ck = tl.cumsum(lf_k, 0)
+    tot_k = tl.sum(lf_k, 0)
+    if CAUSAL_MASK:
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+        else:
+            dm = offs_d[None, :] < HEAD_DIM
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None] & dm, other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None] & dm, other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :])
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :])
+        else:
+            dm = offs_d[None, :] < HEAD_DIM
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=dm, other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=dm, other=0.0)
+    # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g)
+    dk2 = ((tot_k - ck) + g) * 1.4426950408889634
+    s = _dot(q, tl.trans(k), IEEE) * qk_scale + (dk2[None, :] - rq2[:, None])
+    if CAUSAL_MASK:
+        s = tl.where(pos_k[None, :] <= pos_q[:, None], s, float("-inf"))
+    if HAS_START:
+        s = tl.where(pos_k[None, :] >= kstart[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
+    return acc, l_i, m_new, g + tot_k
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, LF, O, LSE, KSTART, LO_BLK,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sob, sot, soh, ssb, sst,
+    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
+):
+    # grid (B*H, cdiv(Tq, BLOCK_M)); the last (heaviest, causal) query blocks are scheduled first
+    pid_bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    off = Tk - Tq
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < Tq
+    pos_q = off + offs_m
+    m0 = off + pid_m * BLOCK_M
+    E = tl.minimum(m0 + BLOCK_M, Tk)
+
+    Q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+    K_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+    V_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    LF_base = LF + b.to(tl.int64) * slb + h.to(tl.int64) * slh
+    if BLOCK_D == HEAD_DIM:
+        q = tl.load(Q_base + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    else:
+        q = tl.load(Q_base + offs_m[:, None] * sqt + offs_d[None, :],
+                    mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    lf_q = tl.load(LF_base + pos_q * slt, mask=row_ok, other=0.0)
+    cq = tl.cumsum(lf_q, 0)
+    rq2 = (tl.sum(lf_q, 0) - cq) * 1.4426950408889634  # sum_{t=i+1}^{E-1} log f_t, log2 units
+    qk_scale = sm_scale * 1.4426950408889634
+
+    lo = 0
+    kstart = offs_m  # placeholder (unused unless HAS_START)
+    if HAS_START:
+        kstart = tl.load(KSTART + b.to(tl.int64) * ssb + offs_m * sst, mask=row_ok, other=2147483647)
+        lo = tl.maximum(tl.min(kstart, 0), 0)
+    lo_blk = (lo // BLOCK_N) * BLOCK_N
+    if HAS_LO:
+        lo_blk = tl.maximum(lo_blk, tl.load(LO_BLK + pid_bh * ACP_NQ + (pid_m * BLOCK_M) // ACP_GM) * ACP_GN)
+
+    n_top = ((E - 1) // BLOCK_N) * BLOCK_N
+    n_um = ((m0 + 1) // BLOCK_N) * BLOCK_N - BLOCK_N  # highest block fully at/below the first query
+    n_masked = (n_top - tl.maximum(n_um, lo_blk - BLOCK_N)) // BLOCK_N
+    n_unmasked = tl.maximum((n_um - lo_blk) // BLOCK_N + 1, 0)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    g = tl.sum(tl.zeros([BLOCK_N], dtype=tl.float32), 0)
+    for it in range(0, n_masked):
+        n0 = n_top - it * BLOCK_N
+        acc, l_i, m_i, g = _attn_fwd_inner(
+            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+            n0, E, qk_scale, offs_n, offs_d, True, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+    n_start = n_top - n_masked * BLOCK_N
+    for it in range(0, n_unmasked):
+        n0 = n_start - it * BLOCK_N
+        acc, l_i, m_i, g = _attn_fwd_inner(
+            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+            n0, E, qk_scale, offs_n, offs_d, False, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+
+    l_ok = l_i > 0.0
+    o = acc / tl.where(l_ok, l_i, 1.0)[:, None]
+    lse2 = tl.where(l_ok, m_i + tl.math.log2(tl.where(l_ok, l_i, 1.0)), 0.0)
+    O_base = O + b.to(tl.int64) * sob + h.to(tl.int64) * soh
+    if BLOCK_D == HEAD_DIM:
+        tl.store(O_base + offs_m[:, None] * sot + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(O_base + offs_m[:, None] * sot + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    tl.store(LSE + pid_bh.to(tl.int64) * Tq + offs_m, lse2, mask=row_ok)
+
+
+@triton.jit
+def _attn_bwd_dq_inner(
+    dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+    n0, E, qk_scale, offs_n, offs_d,
+    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pos_k = n0 + offs_n
+    kv_ok = pos_k < E
+    lf_k = tl.load(LF_base + pos_k * slt, mask=kv_ok, other=0.0)
+    ck = tl.cumsum(lf_k, 0)
+    tot_k = tl.sum(lf_k, 0)
+    if CAUSAL_MASK:
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+        else:
+            dm = offs_d[None, :] < HEAD_DIM
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None] & dm, other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None] & dm, other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :])
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :])
+        else:
+            dm = offs_d[None, :] < HEAD_DIM
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=dm, other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=dm, other=0.0)
+    dk2 = ((tot_k - ck) + g) * 1.4426950408889634
+    s = _dot(q, tl.trans(k), IEEE) * qk_scale + (dk2[None, :] - rq2[:, None])
+    if CAUSAL_MASK:
+        s = tl.where(pos_k[None, :] <= pos_q[:, None], s, float("-inf"))
+    if HAS_START:
+        s = tl.where(pos_k[None, :] >= kstart[:, None], s, float("-inf"))
+    p = tl.math.exp2(s - lse2[:, None])
+    dp = _dot(do, tl.trans(v), IEEE)
+    ds = p * (dp - delta[:, None])
+    dq += _dot(ds.to(k.dtype), k, IEEE)
+    rowsum += tl.sum(ds, 1)
+    return dq, rowsum, g + tot_k
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, LF, DO, O, LSE, DELTA, DQ, DROW, KSTART, LO_BLK,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst,
+    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
+):
+    # grid (B*H, cdiv(Tq, BLOCK_M)); the last (heaviest, causal) query blocks are scheduled first
+    pid_bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // GROUP
+    off = Tk - Tq
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < Tq
+    pos_q = off + offs_m
+    m0 = off + pid_m * BLOCK_M
+    E = tl.minimum(m0 + BLOCK_M, Tk)
+
+    Q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+    DO_base = DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh
+    K_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+    V_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    LF_base = LF + b.to(tl.int64) * slb + h.to(tl.int64) * slh
+    if BLOCK_D == HEAD_DIM:
+        qd_mask = row_ok[:, None]
+    else:
+        qd_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q_base + offs_m[:, None] * sqt + offs_d[None, :], mask=qd_mask, other=0.0)
+    do = tl.load(DO_base + offs_m[:, None] * sdot + offs_d[None, :], mask=qd_mask, other=0.0)
+    # delta_i = sum_d o_i do_i (O shares q's contiguous strides); stored for the dk/dv kernel, launched after.
+    O_base = O + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+    o = tl.load(O_base + offs_m[:, None] * sqt + offs_d[None, :], mask=qd_mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + pid_bh.to(tl.int64) * Tq + offs_m, delta, mask=row_ok)
+    lse2 = tl.load(LSE + pid_bh.to(tl.int64) * Tq + offs_m, mask=row_ok, other=0.0)
+    lf_q = tl.load(LF_base + pos_q * slt, mask=row_ok, other=0.0)
+    cq = tl.cumsum(lf_q, 0)
+    rq2 = (tl.sum(lf_q, 0) - cq) * 1.4426950408889634
+    qk_scale = sm_scale * 1.4426950408889634
+
+    lo = 0
+    kstart = offs_m
+    if HAS_START:
+        kstart = tl.load(KSTART + b.to(tl.int64) * ssb + offs_m * sst, mask=row_ok, other=2147483647)
+        lo = tl.maximum(tl.min(kstart, 0), 0)
+    lo_blk = (lo // BLOCK_N) * BLOCK_N
+    if HAS_LO:
+        lo_blk = tl.maximum(lo_blk, tl.load(LO_BLK + pid_bh * ACP_NQ + (pid_m * BLOCK_M) // ACP_GM) * ACP_GN)
+    n_top = ((E - 1) // BLOCK_N) * BLOCK_N
+    n_um = ((m0 + 1) // BLOCK_N) * BLOCK_N - BLOCK_N
+    n_masked = (n_top - tl.maximum(n_um, lo_blk - BLOCK_N)) // BLOCK_N
+    n_unmasked = tl.maximum((n_um - lo_blk) // BLOCK_N + 1, 0)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    rowsum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    g = tl.sum(tl.zeros([BLOCK_N], dtype=tl.float32), 0)
+    for it in range(0, n_masked):
+        n0 = n_top - it * BLOCK_N
+        dq, rowsum, g = _attn_bwd_dq_inner(
+            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+            n0, E, qk_scale, offs_n, offs_d, True, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+    n_start = n_top - n_masked * BLOCK_N
+    for it in range(0, n_unmasked):
+        n0 = n_start - it * BLOCK_N
+        dq, rowsum, g = _attn_bwd_dq_inner(
+            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+            n0, E, qk_scale, offs_n, offs_d, False, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+
+    DQ_base = DQ + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh  # DQ shares q's (contiguous) strides
+    tl.store(DQ_base + offs_m[:, None] * sqt + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
+             mask=qd_mask)
+    # DROW is (B, Tq, H) contiguous
+    tl.store(DROW + (b.to(tl.int64) * Tq + offs_m) * H + h, rowsum, mask=row_ok)
+
+
+@triton.jit
+def _attn_bwd_dkdv_inner(
+    dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
+    KSTART_base, sqt, sdot, slt, sst, m0, off, Tq, qk_scale, offs_m, offs_d,
+    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    # Transposed formulation (keys on rows): S^T = K Q^T, so P^T / dS^T feed the dv / dk products directly.
+    rows = m0 - off + offs_m
+    pos_q = m0 + offs_m
+    row_ok = rows < Tq
+    if BLOCK_D == HEAD_DIM:
+        qT = tl.load(Q_base + rows[None, :] * sqt + offs_d[:, None], mask=row_ok[None, :], other=0.0)
+        do = tl.load(DO_base + rows[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    else:
+        qT = tl.load(Q_base + rows[None, :] * sqt + offs_d[:, None],
+                     mask=row_ok[None, :] & (offs_d[:, None] < HEAD_DIM), other=0.0)
+        do = tl.load(DO_base + rows[:, None] * sdot + offs_d[None, :],
+                     mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    lse2 = tl.load(LSE_base + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA_base + rows, mask=row_ok, other=0.0)
+    lf_q = tl.load(LF_base + pos_q * slt, mask=row_ok, other=0.0)
+    cq = tl.cumsum(lf_q, 0)
+    # decay: sum_{t=j+1}^{i} = (sum_{n0}^{m0-1} + local cumsum of the query block) - local cumsum of the key block
+    dq2 = (acc_c + cq) * 1.4426950408889634 - lse2
+    sT = _dot(k, qT, IEEE) * qk_scale + (dq2[None, :] - ck2[:, None])
+    if CAUSAL_MASK:
+        sT = tl.where(pos_k[:, None] <= pos_q[None, :], sT, float("-inf"))
+    if HAS_START:
+        kstart = tl.load(KSTART_base + rows * sst, mask=row_ok, other=2147483647)
+        sT = tl.where(pos_k[:, None] >= kstart[None, :], sT, float("-inf"))
+    pT = tl.math.exp2(sT)
+    dv += _dot(pT.to(do.dtype), do, IEEE)
+    dpT = _dot(v, tl.trans(do), IEEE)
+    dsT = pT * (dpT - delta[None, :])
+    dk += _dot(dsT.to(qT.dtype), tl.trans(qT), IEEE)
+    colsum += tl.sum(dsT, 1)
+    return dk, dv, colsum, acc_c + tl.sum(lf_q, 0)
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, LF, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, HI_BLK,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst, seb, set,
+    sdkb, sdkt, sdkh,
+    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NK, ACP_GM, ACP_GN, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
+):
+    # grid (B*Hkv, cdiv(Tk, BLOCK_N)); the first (heaviest) key blocks are scheduled first
+    pid_bhk = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b = pid_bhk // HKV
+    hk = pid_bhk % HKV
+    off = Tk - Tq
+    n0 = pid_n * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    pos_k = n0 + offs_n
+    k_ok = pos_k < Tk
+    if BLOCK_D == HEAD_DIM:
+        kd_mask = k_ok[:, None]
+    else:
+        kd_mask = k_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    K_base = K + b.to(tl.int64) * skb + hk.to(tl.int64) * skh
+    V_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
+    k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kd_mask, other=0.0)
+    v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kd_mask, other=0.0)
+    qk_scale = sm_scale * 1.4426950408889634
+
+    # query blocks (aligned at off + mb * BLOCK_M) that can see this key block
+    r_first = tl.maximum(n0 - off, 0)
+    mb_first = r_first // BLOCK_M
+    hi_pos = Tk - 1
+    if HAS_END:
+        kend = tl.load(KEND + b.to(tl.int64) * seb + pos_k * set, mask=k_ok, other=-1)
+        hi_pos = tl.max(kend, 0)
+    mb_last = (hi_pos - off) // BLOCK_M  # hi_pos >= off whenever some query sees a key of this block
+    if hi_pos < off:
+        mb_last = mb_first - 1
+    # first query block whose first row is at/after the last key of this block needs no causal mask
+    mb_um = tl.maximum((n0 + BLOCK_N - 1 - off + BLOCK_M - 1) // BLOCK_M, mb_first)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for gi in tl.static_range(0, GROUP):  # GQA: the query heads sharing this kv head (unrolled)
+        h = hk * GROUP + gi
+        LF_base = LF + b.to(tl.int64) * slb + h.to(tl.int64) * slh
+        Q_base = Q + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
+        DO_base = DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh
+        bh = b * H + h
+        LSE_base = LSE + bh.to(tl.int64) * Tq
+        DELTA_base = DELTA + bh.to(tl.int64) * Tq
+        KSTART_base = KSTART + b.to(tl.int64) * ssb
+        lf_k = tl.load(LF_base + pos_k * slt, mask=k_ok, other=0.0)
+        ck2 = tl.cumsum(lf_k, 0) * 1.4426950408889634
+        mb_hi = mb_last
+        if HAS_HI:
+            hi_g = tl.load(HI_BLK + bh * ACP_NK + (pid_n * BLOCK_N) // ACP_GN)
+            mb_hi = tl.minimum(mb_hi, (hi_g + 1) * (ACP_GM // BLOCK_M) - 1)
+        # acc_c = signed sum of log f over [n0, m0_first): block-sized steps, no global cumsum
+        m0f = off + mb_first * BLOCK_M
+        lo_p = tl.minimum(n0, m0f)
+        hi_p = tl.maximum(n0, m0f)
+        acc_c = tl.sum(tl.zeros([BLOCK_N], dtype=tl.float32), 0)
+        for t0 in range(lo_p, hi_p, BLOCK_N):
+            tt = t0 + offs_n
+            acc_c += tl.sum(tl.load(LF_base + tt * slt, mask=tt < hi_p, other=0.0), 0)
+        if m0f < n0:
+            acc_c = -acc_c
+        colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
+        mb_mid = tl.minimum(mb_um, mb_hi + 1)
+        for mb in range(mb_first, mb_mid):
+            dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
+                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
+                KSTART_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                True, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+        for mb in range(mb_mid, mb_hi + 1):
+            dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
+                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
+                KSTART_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                False, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+        # DCOL is (B, Tk, H) contiguous
+        tl.store(DCOL + (b.to(tl.int64) * Tk + pos_k) * H + h, colsum, mask=k_ok)
+
+    DK_base = DK + b.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh
+    DV_base = DV + b.to(tl.int64) * sdkb + hk.to(tl.int64) * sdkh
+    tl.store(DK_base + pos_k[:, None] * sdkt + offs_d[None, :], (dk * sm_scale).to(DK.dtype.element_ty),
+             mask=kd_mask)
+    tl.store(DV_base + pos_k[:, None] * sdkt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kd_mask)
+
+
+@triton.jit
+def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, CHUNK: tl.constexpr):
+    """d log f_t = sum_{i >= t} (drow_i - dcol_i): reverse cumulative sum, chunk-local ``tl.cumsum`` plus a
+    float64 carry. DROW (B, Tq, H), DCOL / DLF (B, Tk, H), contiguous; one program per (b, h)."""
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    off = Tk - Tq
+    offs = tl.arange(0, CHUNK)
+    carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64), 0)
+    for c in range(0, tl.cdiv(Tk, CHUNK)):
+        t = Tk - 1 - c * CHUNK - offs  # descending positions
+        ok = t >= 0
+        dc = -tl.load(DCOL + (b.to(tl.int64) * Tk + t) * H + h, mask=ok, other=0.0)
+        dc += tl.load(DROW + (b.to(tl.int64) * Tq + (t - off)) * H + h, mask=ok & (t >= off), other=0.0)
+        out = tl.cumsum(dc, 0).to(tl.float64) + carry
+        tl.store(DLF + (b.to(tl.int64) * Tk + t) * H + h, out.to(tl.float32), mask=ok)
+        carry += tl.sum(dc.to(tl.float64), 0)
+
+
+@triton.jit
+def _acp_tables_kernel(LF, DELTA, C, LO, HI, H, Tq, Tk, NQ, NK, N_ITER_Q, N_ITER_K,
+                       GM: tl.constexpr, GN: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
+    """ACP pruning boundaries on the coarse (GM x GN) grid for one (b, h), in one launch.
+
+    Phase 1 writes c = cumsum(log f) in float64 to the scratch C (B*H, Tk): chunk-local ``tl.cumsum`` plus a
+    float64 carry (one pass, linear in Tk). Phase 2, vectorised binary searches over the monotone block sums
+    (O(#blocks log #blocks)): LO[m] = #leading key blocks n with c[m0] - c[end_n] < delta (pruned); HI[n] =
+    last query block m with c[m0] - c[end_n] >= delta. LF (B, Tk, H) contiguous; DELTA (B*H,) float32.
+    """
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    off = Tk - Tq
+    C_base = C + pid.to(tl.int64) * Tk
+    offs = tl.arange(0, CHUNK)
+    carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64), 0)
+    for t0 in range(0, Tk, CHUNK):
+        t = t0 + offs
+        x = tl.load(LF + (b.to(tl.int64) * Tk + t) * H + h, mask=t < Tk, other=0.0)
+        tl.store(C_base + t, tl.cumsum(x, 0).to(tl.float64) + carry, mask=t < Tk)
+        carry += tl.sum(x.to(tl.float64), 0)
+    tl.debug_barrier()
+    delta = tl.load(DELTA + pid).to(tl.float64)
+    v = tl.arange(0, VEC)
+    # LO: per coarse query block, binary search over key blocks for the first unpruned one
+    for q0 in range(0, NQ, VEC):
+        mq = q0 + v
+        cm = tl.load(C_base + tl.minimum(off + mq * GM, Tk - 1), mask=mq < NQ, other=0.0)
+        lo = tl.zeros([VEC], dtype=tl.int32)
+        hi = tl.zeros([VEC], dtype=tl.int32) + NK
+        for _ in range(0, N_ITER_K):
+            mid = (lo + hi) // 2
+            ce = tl.load(C_base + tl.minimum(mid * GN + GN - 1, Tk - 1), mask=lo < hi, other=0.0)
+            pruned = (cm - ce < delta) & (lo < hi)
+            lo = tl.where(pruned, mid + 1, lo)
+            hi = tl.where(pruned | (lo >= hi), hi, mid)
+        tl.store(LO + pid.to(tl.int64) * NQ + mq, lo, mask=mq < NQ)
+    # HI: per coarse key block, binary search over query blocks for the first pruned one
+    for n0 in range(0, NK, VEC):
+        nk = n0 + v
+        ce = tl.load(C_base + tl.minimum(nk * GN + GN - 1, Tk - 1), mask=nk < NK, other=0.0)
+        lo = tl.zeros([VEC], dtype=tl.int32)
+        hi = tl.zeros([VEC], dtype=tl.int32) + NQ
+        for _ in range(0, N_ITER_Q):
+            mid = (lo + hi) // 2
+            cm = tl.load(C_base + tl.minimum(off + mid * GM, Tk - 1), mask=lo < hi, other=0.0)
+            keep = (cm - ce >= delta) & (lo < hi)
+            lo = tl.where(keep, mid + 1, lo)
+            hi = tl.where(keep | (lo >= hi), hi, mid)
+        tl.store(HI + pid.to(tl.int64) * NK + nk, lo - 1, mask=nk < NK)

@@ -1,0 +1,287 @@
+"""CPU tests of the Triton Forgetting Attention kernel, run under ``TRITON_INTERPRET=1`` in float32.
+
+The kernel (``backend="triton"``) is checked against the float64 reference for the output and all four
+gradients (q, k, v, log f), with every output buffer the op allocates poisoned with NaN first.
+"""
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from forgetting_transformer.ops import forgetting_attention, forgetting_attention_ref
+from forgetting_transformer.ops.reference import forgetting_attention_naive
+
+fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
+
+if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("CPU interpreter tests (the GPU is covered by test_kernel_gpu.py)", allow_module_level=True)
+try:
+    import triton  # noqa: F401
+except Exception as e:  # pragma: no cover
+    pytest.skip(f"triton unavailable: {e}", allow_module_level=True)
+
+# fp32 kernel vs float64 reference: rounding of fp32 arithmetic (observed 1e-7 .. 2e-6).
+RTOL = 2e-5
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every float buffer allocated with torch.empty / empty_like during a test starts as NaN."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poisoned(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poisoned(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poisoned(empty_like(*a, **k)))
+
+
+@pytest.fixture
+def big_tiles(monkeypatch):
+    """Larger interpreter tiles (fewer programs) for the longer sequences."""
+    monkeypatch.setattr(fa, "_INTERPRET_CONFIGS", {
+        "fwd": dict(BLOCK_M=64, BLOCK_N=32), "dq": dict(BLOCK_M=32, BLOCK_N=64), "dkdv": dict(BLOCK_M=32, BLOCK_N=64),
+    })
+
+
+def rel(a, b, floor=1e-300):
+    """Relative L2 error ``|a - b| / max(|b|, floor)``."""
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(floor)).item()
+
+
+def make(B, Tq, Tk, H, Hkv, D, lf=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Tq, H, D, generator=g)
+    k = torch.randn(B, Tk, Hkv, D, generator=g)
+    v = torch.randn(B, Tk, Hkv, D, generator=g)
+    if lf is None:
+        lf = F.logsigmoid(torch.randn(B, Tk, H, generator=g) + 1.5)
+    elif isinstance(lf, float):
+        lf = torch.full((B, Tk, H), lf)
+    return q, k, v, lf
+
+
+def run_grads(fn, inputs, do, **kw):
+    xs = [t.detach().clone().requires_grad_() for t in inputs]
+    o = fn(*xs, **kw)
+    return (o,) + torch.autograd.grad(o, xs, do.to(o.dtype))
+
+
+def check(q, k, v, lf, rtol=RTOL, **kw):
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
+    ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", **kw)
+    ref = run_grads(forgetting_attention_ref, [t.double() for t in (q, k, v, lf)], do.double(), **kw)
+    errs = {}
+    for name, a, r in zip(("o", "dq", "dk", "dv", "dlogf"), ours, ref):
+        assert a.shape == r.shape, name
+        assert torch.isfinite(a).all(), f"{name} has NaN/inf (unwritten or overflowed)"
+        # exactly-zero gradients (T = 1: dq = dk = 0) are measured on the scale of dv (~ |do|)
+        errs[name] = rel(a, r, floor=ref[3].norm().item())
+    assert all(e <= rtol for e in errs.values()), errs
+    return ours, ref
+
+
+@pytest.mark.parametrize("T", [1, 17, 63, 128])
+def test_fwd_bwd_gqa(T):
+    check(*make(2, T, T, 4, 2, 16, seed=T))
+
+
+def test_fwd_bwd_T300(big_tiles):
+    check(*make(1, 300, 300, 2, 1, 32, seed=3))
+
+
+@pytest.mark.parametrize("Tq,Tk", [(1, 63), (17, 63), (40, 100)])
+def test_tq_lt_tk(Tq, Tk):
+    check(*make(1, Tq, Tk, 2, 2, 16, seed=Tq))
+
+
+@pytest.mark.parametrize("D", [24, 64])
+def test_head_dims(D):
+    check(*make(1, 33, 33, 2, 1, D, seed=D))
+
+
+def test_mqa_and_sm_scale():
+    check(*make(1, 40, 40, 4, 1, 16), sm_scale=0.3)
+
+
+def test_against_naive_definition():
+    q, k, v, lf = make(1, 20, 29, 2, 1, 16)
+    o = forgetting_attention(q, k, v, lf, backend="triton")
+    o_naive = forgetting_attention_naive(*(t.double() for t in (q, k, v, lf)))
+    assert rel(o, o_naive) <= RTOL
+
+
+def test_cu_seqlens():
+    q, k, v, lf = make(1, 100, 100, 2, 2, 16)
+    check(q, k, v, lf, cu_seqlens=torch.tensor([0, 5, 6, 40, 77, 100]))
+
+
+def test_seq_start_left_padding():
+    q, k, v, lf = make(3, 50, 50, 2, 2, 16)
+    ours, _ = check(q, k, v, lf, seq_start=torch.tensor([0, 33, 49]))
+    # with Tq < Tk and a start beyond some query rows: those rows see no key and give exactly 0
+    q, k, v, lf = make(2, 20, 70, 2, 1, 16)
+    ours, _ = check(q, k, v, lf, seq_start=torch.tensor([0, 60]))
+    assert ours[0][1, :10].abs().max() == 0
+
+
+@pytest.mark.parametrize("val", [-20.0, -1e-6])
+def test_extreme_gates(val):
+    q, k, v, lf = make(1, 64, 64, 2, 2, 16, lf=val)
+    do = torch.randn_like(q)
+    ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton")
+    ref = run_grads(forgetting_attention_ref, [t.double() for t in (q, k, v, lf)], do.double())
+    for name, a, r in zip(("o", "dq", "dk", "dv", "dlogf"), ours, ref):
+        assert torch.isfinite(a).all(), name
+        # at log f = -20, dq / dk / dlogf are ~e^-20 and ill-conditioned: compare on the scale of dv
+        scale = r.norm() if (val != -20.0 or name in ("o", "dv")) else ref[3].norm()
+        assert (a.double() - r).norm() <= RTOL * scale, name
+
+
+def test_long_sequence_gates_near_one(big_tiles):
+    """Forward at T=512 with gates near 1 (decays must be exact to fp32 rounding, not cancellation)."""
+    q, k, v, _ = make(1, 512, 512, 1, 1, 16)
+    lf = -torch.rand(1, 512, 1) * 1e-4 - 2.0 * (torch.arange(512) % 2 == 0).float()[None, :, None]
+    with torch.no_grad():
+        o = forgetting_attention(q, k, v, lf, backend="triton")
+    ref = forgetting_attention_ref(*(t.double() for t in (q, k, v, lf)))
+    assert rel(o, ref) <= RTOL
+
+
+def test_default_dispatch_cpu_is_reference():
+    q, k, v, lf = make(1, 10, 10, 2, 2, 16)
+    assert torch.equal(forgetting_attention(q, k, v, lf), forgetting_attention_ref(q, k, v, lf))
+    with pytest.raises(ValueError, match="backend"):
+        forgetting_attention(q, k, v, lf, backend="cuda-magic")
+
+
+def test_bad_inputs_clear_errors():
+    q, k, v, lf = make(1, 8, 8, 2, 2, 16)
+    with pytest.raises(ValueError, match="head dim D=300"):
+        forgetting_attention(*make(1, 8, 8, 1, 1, 300), backend="triton")
+    with pytest.raises(ValueError, match="dtype"):
+        forgetting_attention(q.double(), k.double(), v.double(), lf, backend="triton")
+    with pytest.raises(ValueError, match="log_fgate"):
+        forgetting_attention(q, k, v, lf.half(), backend="triton")
+    with pytest.raises(ValueError, match="kv heads"):
+        forgetting_attention(q, k[:, :, :1].expand(1, 8, 3, 16), v[:, :, :1].expand(1, 8, 3, 16), lf, backend="triton")
+
+
+def test_non_contiguous_inputs():
+    qkv = torch.randn(1, 30, 3, 2, 16)
+    q, k, v = qkv.unbind(2)  # strided views
+    lf = F.logsigmoid(torch.randn(1, 30, 2) + 1)
+    check(q, k, v, lf)
+
+
+def test_custom_op_opcheck():
+    q, k, v, lf = make(1, 9, 9, 2, 1, 16)
+    torch.library.opcheck(fa._fox_fwd, (q, k, v, lf, None, None, 0.25, None, None),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_torch_compile_no_graph_break():
+    q, k, v, lf = make(1, 16, 16, 2, 2, 16)
+
+    def f(q, k, v, lf):
+        return forgetting_attention(q * 2.0, k, v, lf, backend="triton").square().sum()
+
+    xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
+    torch.compile(f, backend="aot_eager", fullgraph=True)(*xs).backward()
+    ys = [t.clone().requires_grad_() for t in (q, k, v, lf)]
+    f(*ys).backward()
+    for x, y in zip(xs, ys):
+        assert rel(x.grad, y.grad) <= 1e-6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Adaptive Computation Pruning
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def acp_masked_ref(q, k, v, lf, delta, GM, GN):
+    """Float64 attention with exactly the coarse (GM x GN) tiles pruned that ACP prunes (delta: (B, H))."""
+    B, Tq, H, D = q.shape
+    Tk = k.shape[1]
+    off = Tk - Tq
+    kk = k.repeat_interleave(H // k.shape[2], dim=2)
+    vv = v.repeat_interleave(H // k.shape[2], dim=2)
+    c = torch.cumsum(lf, 1).transpose(1, 2)  # (B, H, Tk)
+    r = torch.arange(Tq)
+    j = torch.arange(Tk)
+    m0 = off + (r // GM) * GM
+    e = torch.clamp((j // GN) * GN + GN - 1, max=Tk - 1)
+    pruned = (c[..., m0][..., :, None] - c[..., e][..., None, :]) < delta[..., None, None]  # (B, H, Tq, Tk)
+    visible = (j[None, :] <= (off + r)[:, None]) & ~pruned
+    s = torch.einsum("bihd,bjhd->bhij", q, kk) / math.sqrt(D) + c[..., off:, None] - c[..., None, :]
+    p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1)
+    return torch.einsum("bhij,bjhd->bihd", p, vv)
+
+
+def acp_inputs(T=100, seed=0):
+    q, k, v, _ = make(1, T, T, 4, 2, 16, seed=seed)
+    lf = torch.full((1, T, 4), -1e-4)
+    lf[..., :2] = -1.3  # heads 0, 1 local; heads 2, 3 global
+    return q, k, v, lf
+
+
+def test_acp_prunes_exactly_the_tile_mask():
+    """Forward and all four gradients equal those of attention with ACP's pruned tiles masked out."""
+    q, k, v, lf = acp_inputs()
+    delta = torch.tensor([[-3.0, -6.0, -3.0, -6.0]])
+    do = torch.randn_like(q)
+    ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", adaptive_threshold=delta)
+    GM, GN = fa._acp_grid(16)
+    ref = run_grads(lambda *x: acp_masked_ref(*x, delta.double(), GM, GN), [t.double() for t in (q, k, v, lf)],
+                    do.double())
+    for name, a, r in zip(("o", "dq", "dk", "dv", "dlogf"), ours, ref):
+        assert torch.isfinite(a).all(), name
+        assert rel(a, r, floor=ref[3].norm().item()) <= RTOL, name
+    _, stats = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=delta, return_stats=True)
+    assert (stats["pruned"][0, :2] > 0).all() and (stats["pruned"][0, 2:] == 0).all()
+    dense = forgetting_attention(q, k, v, lf, backend="triton", return_stats=True)[1]
+    assert torch.equal(stats["computed"] + stats["pruned"], dense["computed"]) and (dense["pruned"] == 0).all()
+
+
+def test_acp_auto_within_eps_bound():
+    """'auto' threshold: |o_acp - o_dense| <= 2 eps max|v| (pruned weight per row <= eps)."""
+    q, k, v, _ = make(1, 160, 160, 2, 2, 16)
+    q = F.normalize(q, dim=-1) * 4.0  # QK-norm-like
+    k = F.normalize(k, dim=-1) * 4.0
+    lf = torch.full((1, 160, 2), -3.0)
+    for eps in (math.exp(-10), 0.05):
+        o_acp, stats = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto", acp_eps=eps,
+                                            return_stats=True)
+        o = forgetting_attention_ref(*(t.double() for t in (q, k, v, lf)))
+        assert (stats["pruned"] > 0).all(), stats
+        assert (o_acp.double() - o).abs().max() <= 2 * eps * v.abs().max() + 1e-5
+    w = torch.ones(16) * 4.0 / math.sqrt(16)  # RMSNorm weights giving the same norm bound
+    o_w = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto", qk_norm_weights=(w, w))
+    assert (o_w.double() - o).abs().max() <= 2 * math.exp(-10) * v.abs().max() + 1e-5
+
+
+def test_acp_bad_threshold():
+    q, k, v, lf = acp_inputs(20)
+    with pytest.raises(ValueError, match="adaptive_threshold"):
+        forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="fast")
+    with pytest.raises(ValueError, match="adaptive_threshold tensor"):
+        forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=torch.zeros(2, 2))
+
+
+@pytest.mark.parametrize("Tq,Tk", [(100, 100), (37, 230), (1, 64)])
+def test_acp_boundary_kernel_matches_searchsorted(Tq, Tk):
+    g = torch.Generator().manual_seed(Tk)
+    lf = -torch.rand(2, Tk, 3, generator=g) * torch.tensor([2.0, 0.3, 1e-3])
+    delta = -torch.rand(2, 3, generator=g) * 20 - 1
+    for GM, GN in ((32, 16), (64, 64), (16, 32)):
+        fa._ACP_GRID_OVERRIDE = (GM, GN)
+        try:
+            lo, hi = fa._acp_coarse_tables(lf, delta, Tq, 16)
+        finally:
+            fa._ACP_GRID_OVERRIDE = None
+        lo_t, hi_t = fa._acp._tables_torch(lf, delta, Tq, GM, GN)
+        assert torch.equal(lo, lo_t) and torch.equal(hi, hi_t), (GM, GN)
