@@ -64,6 +64,7 @@ def main(cfg) -> None:
         cfg.output_dir = hc.runtime.output_dir
     OmegaConf.resolve(cfg)  # fix ${now:...} and friends once, so the saved config is the one that ran
     validate(cfg)
+    cfg.data.data_dir = str(Path(cfg.data.data_dir).resolve())  # the saved config must work from any directory
     dist = init_distributed(cfg.strategy)  # torchrun's env; rank 0 alone writes files and prints
     device = dist.device
     mixed = cfg.strategy.mixed_precision == "bf16" or (cfg.strategy.mixed_precision == "auto" and device.type == "cuda")
