@@ -14,3 +14,34 @@ except ImportError:  # pragma: no cover - torch is a hard requirement; let the t
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+MARKOV_VOCAB, MARKOV_DOC_LEN = 64, 256
+
+
+def markov_rows(n_rows: int, seed: int) -> np.ndarray:
+    """Rows from a sparse first-order Markov chain (3 fixed successors per token): learnable, so a tiny model's
+    loss visibly drops within a few steps."""
+    rng = np.random.default_rng(seed)
+    nxt = np.random.default_rng(0).integers(1, MARKOV_VOCAB, size=(MARKOV_VOCAB, 3))
+    rows = np.empty((n_rows, MARKOV_DOC_LEN), dtype=np.uint16)
+    for r in range(n_rows):
+        t = rng.integers(1, MARKOV_VOCAB)
+        for i in range(MARKOV_DOC_LEN):
+            rows[r, i] = t
+            t = nxt[t, rng.integers(0, 3)]
+    return rows
+
+
+@pytest.fixture(scope="session")
+def markov_data_dir(tmp_path_factory):
+    """A LongCrawl64-format data dir (train.zarr 16 rows, heldout.zarr 4 rows of 256 tokens, vocab 64)."""
+    import zarr
+
+    d = tmp_path_factory.mktemp("markov_data")
+    for name, n, seed in (("train.zarr", 16, 1), ("heldout.zarr", 4, 2)):
+        arr = zarr.create_array(str(d / name), shape=(n, MARKOV_DOC_LEN), chunks=(1, MARKOV_DOC_LEN), dtype="uint16")
+        arr[:] = markov_rows(n, seed)
+    return d

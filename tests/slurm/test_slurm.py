@@ -20,11 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VOCAB, DOC_LEN = 64, 256
+VOCAB, DOC_LEN = 64, 256  # of the markov_data_dir fixture (tests/conftest.py)
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "scancel", "squeue")
 SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
@@ -216,27 +215,9 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
-def markov_rows(n_rows, seed):
-    rng = np.random.default_rng(seed)
-    nxt = np.random.default_rng(0).integers(1, VOCAB, size=(VOCAB, 3))
-    rows = np.empty((n_rows, DOC_LEN), dtype=np.uint16)
-    for r in range(n_rows):
-        t = rng.integers(1, VOCAB)
-        for i in range(DOC_LEN):
-            rows[r, i] = t
-            t = nxt[t, rng.integers(0, 3)]
-    return rows
-
-
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    import zarr
-
-    d = tmp_path_factory.mktemp("data")
-    for name, n, seed in (("train.zarr", 16, 1), ("heldout.zarr", 4, 2)):
-        arr = zarr.create_array(str(d / name), shape=(n, DOC_LEN), chunks=(1, DOC_LEN), dtype="uint16")
-        arr[:] = markov_rows(n, seed)
-    return d
+def data_dir(markov_data_dir):
+    return markov_data_dir
 
 
 def tiny(data_dir, total_tokens=12288):

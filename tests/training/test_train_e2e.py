@@ -11,32 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
 ROOT = Path(__file__).resolve().parents[2]
-VOCAB, DOC_LEN = 64, 256
-
-
-def markov_rows(n_rows, seed):
-    """Rows from a sparse first-order Markov chain: learnable, so the loss visibly drops."""
-    rng = np.random.default_rng(seed)
-    nxt = np.random.default_rng(0).integers(1, VOCAB, size=(VOCAB, 3))  # 3 successors per token, fixed
-    rows = np.empty((n_rows, DOC_LEN), dtype=np.uint16)
-    for r in range(n_rows):
-        t = rng.integers(1, VOCAB)
-        for i in range(DOC_LEN):
-            rows[r, i] = t
-            t = nxt[t, rng.integers(0, 3)]
-    return rows
+VOCAB, DOC_LEN = 64, 256  # of the markov_data_dir fixture (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    for name, n, seed in (("train.zarr", 16, 1), ("heldout.zarr", 4, 2)):
-        arr = zarr.create_array(str(d / name), shape=(n, DOC_LEN), chunks=(1, DOC_LEN), dtype="uint16")
-        arr[:] = markov_rows(n, seed)
-    return d
+def data_dir(markov_data_dir):
+    return markov_data_dir
 
 
 def command(data_dir, out, *extra):
