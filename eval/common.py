@@ -1,4 +1,8 @@
-"""One place that turns a training run directory into a model (and its config) for evaluation."""
+"""One place that turns a training run directory or a Hugging Face export into model + tokenizer for evaluation.
+
+    load_run(run_dir)                   → (DecoderLM, cfg, checkpoint path)      training checkpoints
+    load_model_and_tokenizer(path)      → (FoXForCausalLM, PreTrainedTokenizerFast, info)   run dir or HF dir
+"""
 
 from __future__ import annotations
 
@@ -28,3 +32,71 @@ def load_run(run_dir: str | Path, *, step: int | None = None, device: str | torc
     model = build_model(cfg.model)
     load_model_weights(model, ckpts[-1])
     return model.to(device).eval(), cfg, ckpts[-1]
+
+
+def load_tokenizer(path: str | Path, bos_id: int, vocab_size: int):
+    """A ``PreTrainedTokenizerFast`` from a tokenizer.json or HF tokenizer dir, with bos = eos = pad = the token
+    ``bos_id``, bos prepended to each text, left padding (what ``generate`` needs)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(path)
+    if path.is_dir():
+        base = AutoTokenizer.from_pretrained(str(path))
+        token = base.convert_ids_to_tokens(bos_id)
+        tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token=token, eos_token=token,
+                                      pad_token=token, add_bos_token=True, padding_side="left")
+    elif path.is_file():
+        from tokenizers import Tokenizer
+
+        token = Tokenizer.from_file(str(path)).id_to_token(bos_id)
+        if token is None:
+            raise ValueError(f"{path} has no token with id data.bos_id={bos_id}")
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=token, eos_token=token, pad_token=token,
+                                      add_bos_token=True, padding_side="left")
+    else:
+        raise FileNotFoundError(f"tokenizer {path} not found")
+    if len(tok) > vocab_size:
+        raise ValueError(f"tokenizer {path} has {len(tok)} tokens but the model only {vocab_size}")
+    return tok
+
+
+def run_tokenizer(cfg, tokenizer: str | Path | None = None):
+    """The tokenizer of a training run: ``tokenizer`` if given, else the run's ``data_dir/tokenizer.json``.
+    Returns ``(tokenizer, path)``."""
+    path = Path(tokenizer) if tokenizer is not None else Path(cfg.data.data_dir) / "tokenizer.json"
+    if tokenizer is None and not path.is_file():
+        raise FileNotFoundError(
+            f"the run's data dir has no tokenizer.json ({path}; e.g. GPT-2 LongCrawl64): pass --tokenizer PATH "
+            f"(a tokenizer.json or a Hugging Face tokenizer directory, e.g. a local copy of gpt2)")
+    return load_tokenizer(path, int(cfg.data.bos_id), int(cfg.model.vocab_size)), path
+
+
+def to_hf(model, cfg):
+    """Wrap a trained ``DecoderLM`` as ``FoXForCausalLM`` (same weights) so evaluations can call ``generate``."""
+    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
+
+    hf = FoXForCausalLM(FoXConfig.from_model_config(cfg.model))
+    hf.model.load_state_dict(model.state_dict())  # strict: the parameter names map 1:1
+    bos = int(cfg.data.bos_id)
+    hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = hf.generation_config.pad_token_id = bos
+    return hf.to(next(model.parameters()).device).eval()
+
+
+def load_model_and_tokenizer(path: str | Path, *, step: int | None = None, tokenizer: str | Path | None = None,
+                             device: str | torch.device = "cpu"):
+    """A run directory written by train.py (``config.yaml`` + checkpoints) or a Hugging Face directory written by
+    ``scripts/export_hf.py`` → ``(FoXForCausalLM in eval mode, tokenizer, info)``; ``info`` has ``name``,
+    ``train_len`` (None when unknown) and ``source``."""
+    path = Path(path)
+    if (path / "config.yaml").is_file():
+        model, cfg, ckpt = load_run(path, step=step, device=device)
+        tok, _ = run_tokenizer(cfg, tokenizer)
+        return to_hf(model, cfg), tok, {"name": cfg.model.name, "train_len": int(cfg.data.seq_len), "source": str(ckpt)}
+    if (path / "config.json").is_file():
+        import forgetting_transformer.models.hf  # noqa: F401  (registers the Auto classes)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(str(path)).to(device).eval()
+        tok = AutoTokenizer.from_pretrained(str(tokenizer or path))
+        return model, tok, {"name": model.config.name, "train_len": None, "source": str(path)}
+    raise FileNotFoundError(f"{path}: neither a training run (config.yaml) nor a Hugging Face directory (config.json)")

@@ -22,49 +22,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
-def load_tokenizer(path: Path, bos_id: int, vocab_size: int):
-    """A ``PreTrainedTokenizerFast`` from a tokenizer.json or HF tokenizer dir, with bos = eos = pad = the token
-    ``bos_id``, bos prepended to each text, left padding (what ``generate`` needs)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if path.is_dir():
-        base = AutoTokenizer.from_pretrained(str(path))
-        token = base.convert_ids_to_tokens(bos_id)
-        tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token=token, eos_token=token,
-                                      pad_token=token, add_bos_token=True, padding_side="left")
-    elif path.is_file():
-        from tokenizers import Tokenizer
-
-        token = Tokenizer.from_file(str(path)).id_to_token(bos_id)
-        if token is None:
-            raise ValueError(f"{path} has no token with id data.bos_id={bos_id}")
-        tok = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=token, eos_token=token, pad_token=token,
-                                      add_bos_token=True, padding_side="left")
-    else:
-        raise FileNotFoundError(f"tokenizer {path} not found")
-    if len(tok) > vocab_size:
-        raise ValueError(f"tokenizer {path} has {len(tok)} tokens but the model only {vocab_size}")
-    return tok
-
-
 def export(run_dir, out_dir, *, step: int | None = None, tokenizer: str | Path | None = None) -> Path:
     """Write ``out_dir`` (config, safetensors weights, generation config, tokenizer); return it."""
-    from eval.common import load_run
-    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
+    from eval.common import load_run, run_tokenizer, to_hf
 
     model, cfg, ckpt = load_run(run_dir, step=step)
-    tok_path = Path(tokenizer) if tokenizer is not None else Path(cfg.data.data_dir) / "tokenizer.json"
-    if tokenizer is None and not tok_path.is_file():
-        raise FileNotFoundError(
-            f"the run's data dir has no tokenizer.json ({tok_path}; e.g. GPT-2 LongCrawl64): pass --tokenizer PATH "
-            f"(a tokenizer.json or a Hugging Face tokenizer directory, e.g. a local copy of gpt2)")
-    bos = int(cfg.data.bos_id)
-    tok = load_tokenizer(tok_path, bos, int(cfg.model.vocab_size))
-
-    hf = FoXForCausalLM(FoXConfig.from_model_config(cfg.model))
-    hf.model.load_state_dict(model.state_dict())  # strict: the parameter names map 1:1
-    hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = bos
-    hf.generation_config.pad_token_id = bos
+    tok, tok_path = run_tokenizer(cfg, tokenizer)
+    hf = to_hf(model, cfg)
     out_dir = Path(out_dir)
     hf.eval().save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
