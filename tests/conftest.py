@@ -45,3 +45,28 @@ def markov_data_dir(tmp_path_factory):
         arr = zarr.create_array(str(d / name), shape=(n, MARKOV_DOC_LEN), chunks=(1, MARKOV_DOC_LEN), dtype="uint16")
         arr[:] = markov_rows(n, seed)
     return d
+
+
+@pytest.fixture(scope="session")
+def tiny_text_run(tmp_path_factory):
+    """A run directory written by train.py: a tiny FoX (Pro) trained 4 steps on 3 books of the embedded corpus
+    (512-token BPE, rows of 1,024 tokens), with the tokenizer.json in its data dir. For evaluation tests: the
+    model is real but untrained-quality. Returns the run dir; ``run/config.yaml`` names the data dir."""
+    import os
+    import subprocess
+
+    from forgetting_transformer.data.prepare import EMBEDDED_CORPUS, prepare_corpus
+
+    tmp = tmp_path_factory.mktemp("tiny_text_run")
+    meta = prepare_corpus([str(EMBEDDED_CORPUS)], tmp / "data", vocab_size=512, doc_len=1024, heldout_docs=1,
+                          max_docs=3, progress=False)
+    out = tmp / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), f"output_dir={out}", "data=longcrawl64",
+           f"data.data_dir={tmp / 'data'}", "data.seq_len=256", f"data.vocab_size={meta['vocab_size']}",
+           f"data.bos_id={meta['bos_id']}", "model.n_layers=2", "model.d_model=64", "model.head_dim=32",
+           "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=4", "eval.heldout_batches=1",
+           "eval.per_token_loss=false"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
