@@ -68,6 +68,18 @@ def bench(model_name, size, a, dist):
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     dt = torch.tensor((time.perf_counter() - t0) / a.steps, device=dist.device)
+    if a.profile and dist.is_main:  # one more step under the profiler: where the time goes
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with autocast_context(dist.device, autocast):
+                loss = model(x, x).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+        print(f"--- {model_name} {size}: CUDA kernels of one step, by total time ---")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.profile))
     dt = mean_across_ranks(dt).item()
     head_dim, n_heads, _ = resolve_heads(cfg.model)
     fpt = flops_per_token(n_matmul, cfg.model.n_layers, n_heads, head_dim, a.seq_len)
@@ -90,6 +102,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest CUDA kernels of a step")
     p.add_argument("--write", type=Path, help="append the table to this Markdown file")
     a = p.parse_args(argv)
     register_configs()
