@@ -1,0 +1,1 @@
+"""Needle-in-a-haystack retrieval test (standard and easy modes): ``run`` evaluates, ``plot`` draws heatmaps."""

@@ -1,0 +1,93 @@
+"""Needle-in-a-haystack heatmaps from the JSON files ``eval.niah.run`` writes; no model needed.
+
+    python -m eval.niah.plot RESULT.json [RESULT.json ...] --out niah.png [--no-annotate]
+
+One panel per JSON file: x = context length (tokens), y = needle depth (%), colour = score 1 (red) → 10 (green);
+the title gives the model, the mode and the average score; a dashed line marks the training length when known.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
+
+# The red → yellow → green map of the usual NIAH plots (gkamradt's and FoX's plot scripts).
+CMAP = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])
+
+
+def score_grid(res: dict):
+    """→ (lengths, depths, grid[depth, length]) with the mean score per cell (NaN where missing)."""
+    lengths = sorted({e["length"] for e in res["results"]})
+    depths = sorted({e["depth"] for e in res["results"]})
+    total = np.zeros((len(depths), len(lengths)))
+    count = np.zeros_like(total)
+    for e in res["results"]:
+        i, j = depths.index(e["depth"]), lengths.index(e["length"])
+        total[i, j] += e["score"]
+        count[i, j] += 1
+    with np.errstate(invalid="ignore"):
+        return lengths, depths, total / count
+
+
+def _fmt_len(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def plot_niah(result_files, out_png, *, annotate: bool = True) -> Path:
+    results = [json.loads(Path(f).read_text()) for f in result_files]
+    if not results:
+        raise ValueError("no result files")
+    n = len(results)
+    fig, axes = plt.subplots(1, n, figsize=(1.2 + 4.6 * n, 4.8), squeeze=False)
+    im = None
+    for ax, res in zip(axes[0], results):
+        lengths, depths, grid = score_grid(res)
+        im = ax.imshow(grid, cmap=CMAP, vmin=1, vmax=10, aspect="auto", interpolation="nearest")
+        ax.set_xticks(range(len(lengths)), [_fmt_len(x) for x in lengths], rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+        ax.set_xticks(np.arange(len(lengths) + 1) - 0.5, minor=True)
+        ax.set_yticks(np.arange(len(depths) + 1) - 0.5, minor=True)
+        ax.grid(which="minor", color="white", linewidth=1.0)
+        ax.tick_params(which="minor", length=0)
+        if annotate:
+            for i in range(len(depths)):
+                for j in range(len(lengths)):
+                    if np.isfinite(grid[i, j]):
+                        ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=7, color="black")
+        train_len = res.get("train_len")
+        if train_len and lengths[0] <= train_len < lengths[-1]:
+            x = sum(L <= train_len for L in lengths) - 0.5  # boundary right of the last length within training
+            ax.axvline(x, color="black", linestyle="--", linewidth=2)
+            ax.annotate(f"train len {_fmt_len(train_len)}", (x, 0), xycoords=("data", "axes fraction"),
+                        xytext=(3, 3), textcoords="offset points", fontsize=8)
+        mean = float(np.mean([e["score"] for e in res["results"]]))
+        ax.set_title(f"{res['name']}, {res.get('mode', 'standard')}\naverage score {mean:.2f}")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("needle depth (%)")
+    fig.colorbar(im, ax=axes[0].tolist(), label="score (1-10)", fraction=0.04, pad=0.02)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return out_png
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", nargs="+", help="NIAH JSON files written by eval.niah.run")
+    p.add_argument("--out", required=True, help="output PNG")
+    p.add_argument("--no-annotate", action="store_true", help="no score numbers in the cells")
+    a = p.parse_args(argv)
+    print(plot_niah(a.results, a.out, annotate=not a.no_annotate))
+
+
+if __name__ == "__main__":
+    main()
