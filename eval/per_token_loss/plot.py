@@ -28,26 +28,40 @@ def moving_average(x: np.ndarray, window: int) -> np.ndarray:
     return (csum[i + h + 1] - csum[i - h]) / (2 * h + 1)
 
 
+def cumulative_average(x: np.ndarray) -> np.ndarray:
+    """L_cum(l) = (1/l) sum_{i<=l} L(i): the average loss over a context of length l (what perplexity at
+    length l reports, and why its slope can mislead: early positions dominate it)."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.cumsum(x) / np.arange(1, len(x) + 1)
+
+
 def plot_per_token_loss(result_files, out_png, *, window: int = 101, logx: bool = False) -> Path:
-    """Overlay the smoothed L(i) of several results; a dashed line marks each model's training length."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    """Left: the smoothed L(i) of several results overlaid; right: their cumulative averages. A dashed line marks
+    each model's training length."""
+    fig, (ax, ax_cum) = plt.subplots(1, 2, figsize=(12, 4.5))
     train_lens = set()
     for path in result_files:
         res = json.loads(Path(path).read_text())
         loss = np.asarray(res["loss"])
-        ax.plot(np.arange(1, len(loss) + 1), moving_average(loss, window), label=res["name"], linewidth=1.5)
-        train_lens.add(res["train_len"])
-    for t in sorted(train_lens):
-        ax.axvline(t, color="gray", linestyle="--", linewidth=1)
-        ax.annotate(f"train len {t}", (t, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
-                    textcoords="offset points", fontsize=8, color="gray")
-    if logx:
-        ax.set_xscale("log")
-    ax.set_xlabel("token position i")
+        pos = np.arange(1, len(loss) + 1)
+        line, = ax.plot(pos, moving_average(loss, window), label=res["name"], linewidth=1.5)
+        ax_cum.plot(pos, cumulative_average(loss), label=res["name"], linewidth=1.5, color=line.get_color())
+        if res["train_len"] is not None:  # unknown for Hugging Face exports
+            train_lens.add(res["train_len"])
+    for a in (ax, ax_cum):
+        for t in sorted(train_lens):
+            a.axvline(t, color="gray", linestyle="--", linewidth=1)
+            a.annotate(f"train len {t}", (t, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                       textcoords="offset points", fontsize=8, color="gray")
+        if logx:
+            a.set_xscale("log")
+        a.set_xlabel("token position i" if a is ax else "context length l")
+        a.grid(alpha=0.3)
+        a.legend()
     ax.set_ylabel(f"loss L(i) (nats, moving average {window})")
     ax.set_title("Per-token loss on held-out data")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    ax_cum.set_ylabel("cumulative average loss (nats)")
+    ax_cum.set_title("Average loss over the first l tokens")
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)

@@ -15,34 +15,49 @@ from pathlib import Path
 
 import torch
 
-from eval.common import load_run
+from eval.common import load_model_and_tokenizer, load_run
 from eval.per_token_loss.plot import plot_per_token_loss
 from forgetting_transformer.data import read_rows
 from forgetting_transformer.training.evaluate import per_token_loss
 
 
+def _load(path, step, device, data_dir):
+    """(DecoderLM, name, train_len, step, source, data_dir, vocab_size, bos_id) of a run dir or an HF export."""
+    if (Path(path) / "config.json").is_file() and not (Path(path) / "config.yaml").is_file():
+        if data_dir is None:
+            raise ValueError(f"{path} is a Hugging Face directory: pass --data-dir (it records no data)")
+        hf, tok, info = load_model_and_tokenizer(path, device=device)
+        return (hf.model, hf.config.name, None, None, info["source"], data_dir, hf.config.vocab_size,
+                tok.bos_token_id)
+    model, cfg, ckpt = load_run(path, step=step, device=device)
+    return (model, cfg.model.name, int(cfg.data.seq_len), int(ckpt.name[5:]), str(ckpt),
+            data_dir or cfg.data.data_dir, int(cfg.data.vocab_size), int(cfg.data.bos_id))
+
+
 def evaluate_run(run_dir, out_dir, *, rows: int, length: int | None, batch_size: int, device: str,
                  data_dir: str | None = None, step: int | None = None, name: str | None = None) -> Path:
-    model, cfg, ckpt = load_run(run_dir, step=step, device=device)
-    heldout = Path(data_dir or cfg.data.data_dir) / "heldout.zarr"
+    model, model_name, train_len, step, source, data_dir, vocab_size, bos_id = _load(run_dir, step, device, data_dir)
+    heldout = Path(data_dir) / "heldout.zarr"
     row_ids = list(range(rows))
-    inputs, labels = read_rows(heldout, row_ids, length or cfg.data.seq_len, vocab_size=cfg.data.vocab_size,
-                               bos_id=cfg.data.bos_id)  # (rows, length) each
+    if length is None and train_len is None:
+        raise ValueError("pass --length for a Hugging Face directory (it records no training length)")
+    inputs, labels = read_rows(heldout, row_ids, length or train_len, vocab_size=vocab_size,
+                               bos_id=bos_id)  # (rows, length) each
     dev = torch.device(device)
     curve = per_token_loss(model, inputs, labels, batch_size=batch_size, device=dev,
                            mixed_precision=dev.type == "cuda")
-    name = name or f"{cfg.model.name} ({Path(run_dir).name})"
+    name = name or f"{model_name} ({Path(run_dir).name})"
     out = Path(out_dir) / f"{Path(run_dir).name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"name": name, "train_len": cfg.data.seq_len, "step": int(ckpt.name[5:]),
-                               "checkpoint": str(ckpt), "rows": row_ids, "loss": curve.tolist()}))
+    out.write_text(json.dumps({"name": name, "train_len": train_len, "step": step, "checkpoint": source,
+                               "rows": row_ids, "loss": curve.tolist()}))
     print(f"{name}: mean L = {curve.mean():.4f} over {len(row_ids)} rows x {len(curve)} tokens → {out}")
     return out
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="run directories written by train.py")
+    p.add_argument("runs", nargs="+", help="run directories written by train.py, or Hugging Face exports")
     p.add_argument("--out", required=True, help="output directory for JSON files and the plot")
     p.add_argument("--rows", type=int, default=8, help="held-out rows to average over")
     p.add_argument("--length", type=int, default=None, help="tokens per row (default: the training seq_len)")

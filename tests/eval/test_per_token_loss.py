@@ -76,3 +76,23 @@ def test_length_beyond_the_rows_is_a_clear_error(runs, tmp_path):
     _, dirs = runs
     with pytest.raises(ValueError, match="512"):
         run.evaluate_run(dirs[0], tmp_path, rows=1, length=512, batch_size=1, device="cpu")
+
+
+def test_hugging_face_export_gives_the_same_curve(tiny_text_run, tmp_path):
+    import importlib.util
+
+    from omegaconf import OmegaConf
+
+    spec = importlib.util.spec_from_file_location("export_hf", ROOT / "scripts" / "export_hf.py")
+    export_hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export_hf)
+    hf_dir = export_hf.export(tiny_text_run, tmp_path / "hf")
+    data_dir = OmegaConf.load(tiny_text_run / "config.yaml").data.data_dir
+    a = run.evaluate_run(tiny_text_run, tmp_path / "a", rows=1, length=512, batch_size=1, device="cpu")
+    with pytest.raises(ValueError, match="--data-dir"):
+        run.evaluate_run(hf_dir, tmp_path / "b", rows=1, length=512, batch_size=1, device="cpu")
+    b = run.evaluate_run(hf_dir, tmp_path / "b", rows=1, length=512, batch_size=1, device="cpu", data_dir=data_dir)
+    ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+    np.testing.assert_allclose(rb["loss"], ra["loss"], rtol=1e-6)
+    assert ra["train_len"] == 256 and rb["train_len"] is None
+    plot.plot_per_token_loss([a, b], tmp_path / "both.png")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from eval.per_token_loss.plot import moving_average
+from eval.per_token_loss.plot import cumulative_average, moving_average
 from forgetting_transformer.training.metrics import MetricsLogger, flops_per_token, matmul_params, peak_flops
 from forgetting_transformer.training.optim import build_optimizer, decay_split
 from forgetting_transformer.training.schedule import warmup_cosine_lr
@@ -64,3 +64,7 @@ def test_metrics_logger_writes_rows_and_truncates_for_resume(tmp_path, capsys):
     log.truncate_after(2)
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and math.isclose(rows[1]["loss"], 0.5)
+
+
+def test_cumulative_average():
+    np.testing.assert_allclose(cumulative_average([4.0, 2.0, 3.0, 3.0]), [4.0, 3.0, 3.0, 3.0])
