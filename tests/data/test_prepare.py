@@ -2,6 +2,7 @@
 
 import gzip
 import importlib.util
+import sys
 import json
 import lzma
 import math
@@ -292,9 +293,8 @@ def test_errors(corpus, tmp_path):
         prepare_corpus(corpus["inputs"], tmp_path / "o3", **{**KW, "vocab_size": 100})
 
 
-def test_hf_dataset_needs_datasets(tmp_path):
-    if importlib.util.find_spec("datasets") is not None:
-        pytest.skip("datasets is installed")
+def test_hf_dataset_needs_datasets(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed (None makes `import datasets` fail)
     with pytest.raises(ImportError, match="pip install datasets"):
         prepare_corpus([], tmp_path / "o", hf_dataset="some/dataset", **KW)
 

@@ -1,0 +1,176 @@
+"""lm-eval integration (eval/lm_eval_harness): the registered ``fox`` model on local tasks, fully offline."""
+
+import json
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+pytest.importorskip("lm_eval")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lm_eval"
+
+
+@pytest.fixture(scope="module")
+def include_dir(tmp_path_factory):
+    """The fixture task YAMLs with ``__FIXTURES__`` replaced by the absolute fixture dir."""
+    d = tmp_path_factory.mktemp("lm_eval_tasks")
+    for y in FIXTURES.glob("*.yaml"):
+        (d / y.name).write_text(y.read_text().replace("__FIXTURES__", str(FIXTURES.resolve())))
+    return d
+
+
+@pytest.fixture(scope="module")
+def fox_lm(tiny_text_run):
+    from eval.lm_eval_harness.model import FoXLM
+
+    return FoXLM(path=str(tiny_text_run), device="cpu", batch_size=8, max_length=512, max_gen_toks=24)
+
+
+def reference_loglik(lm, context: str, continuation: str) -> float:
+    """Independent: the tokenizer's own bos-prepending encode of context+continuation, one unpadded forward,
+    sum of log-softmax of the continuation tokens."""
+    tok = lm.tokenizer
+    whole = tok(context + continuation).input_ids
+    ctx = tok(context).input_ids
+    assert whole[0] == ctx[0] == lm.bos_id
+    n = len(whole) - len(ctx)
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([whole])).logits[0].float()  # (T, V)
+    logp = F.log_softmax(logits[:-1], dim=-1)
+    target = torch.tensor(whole[1:])
+    return float(logp[-n:].gather(-1, target[-n:, None]).sum())
+
+
+def _args(sample):
+    a = sample["arguments"]
+    if isinstance(a, dict):  # {"gen_args_0": {"arg_0": ctx, "arg_1": cont}, ...}
+        return [(v["arg_0"], v["arg_1"]) for v in a.values()]
+    return [tuple(x) for x in a]
+
+
+def test_registered_and_simple_evaluate(fox_lm, include_dir):
+    import lm_eval
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
+
+    assert get_model("fox") is type(fox_lm)
+    res = lm_eval.simple_evaluate(model=fox_lm, tasks=["fox_test_mc", "fox_test_ppl"], num_fewshot=0,
+                                  task_manager=TaskManager(include_path=str(include_dir), include_defaults=False),
+                                  log_samples=True)
+    mc = res["results"]["fox_test_mc"]
+    samples = res["samples"]["fox_test_mc"]
+    assert len(samples) == 6
+    correct = []
+    for s in samples:
+        pairs = _args(s)
+        assert len(pairs) == 4
+        ours = [float(r[0][0]) for r in s["resps"]]
+        ref = [reference_loglik(fox_lm, c, x) for c, x in pairs]
+        assert ours == pytest.approx(ref, abs=1e-4)
+        correct.append(float(max(range(4), key=lambda i: ref[i]) == int(s["target"])))
+        assert s["acc"] == correct[-1]
+    assert 0.0 <= mc["acc,none"] <= 1.0 and 0.0 <= mc["acc_norm,none"] <= 1.0
+    assert mc["acc,none"] == pytest.approx(sum(correct) / len(correct))
+
+    ppl = res["results"]["fox_test_ppl"]
+    docs = [json.loads(line)["text"] for line in (FIXTURES / "ppl.jsonl").read_text().splitlines()]
+    # word perplexity = exp(-sum loglik / sum words); loglik of a document = sum over its tokens given bos.
+    total = 0.0
+    for d in docs:
+        ids = [fox_lm.bos_id] + fox_lm.tokenizer(d, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            logits = fox_lm.model(input_ids=torch.tensor([ids])).logits[0].float()
+        total += float(F.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None]).sum())
+    words = sum(len(re.split(r"\s+", d)) for d in docs)
+    assert ppl["word_perplexity,none"] == pytest.approx(float(torch.tensor(-total / words).exp()), rel=1e-4)
+
+
+def test_rolling_windows_and_batching(fox_lm):
+    """A document longer than max_length is scored in disjoint windows; the batch size changes nothing."""
+    text = " ".join(json.loads(line)["text"] for line in (FIXTURES / "ppl.jsonl").read_text().splitlines()) * 3
+    req = SimpleNamespace(args=(text,))
+    full = fox_lm.loglikelihood_rolling([req], disable_tqdm=True)[0]
+    ids = fox_lm.tok_encode(text, add_special_tokens=False)
+    old = fox_lm.max_length
+    try:
+        fox_lm.max_length = max(8, len(ids) // 3)
+        windowed = fox_lm.loglikelihood_rolling([req], disable_tqdm=True)[0]
+    finally:
+        fox_lm.max_length = old
+    assert windowed < 0 and full < 0 and windowed != full  # less context per token, all tokens still scored
+    reqs = [SimpleNamespace(args=(c, x)) for c, x in [("The cat", " sat"), ("A", " much longer continuation here"),
+                                                     ("", "Hello world"), ("One two three four", " five")]]
+    old_bs = fox_lm.batch_size
+    try:
+        fox_lm.batch_size = 1
+        one = fox_lm.loglikelihood(reqs, disable_tqdm=True)
+        fox_lm.batch_size = 4
+        four = fox_lm.loglikelihood(reqs, disable_tqdm=True)
+        fox_lm.max_logit_tokens = 6  # splits the batch of 4 by its scored positions
+        assert [len(c) for c in fox_lm._batches([(0, [1], [1] * 5), (1, [1], [1]), (2, [1], [1] * 2)])] == [1, 2]
+        capped = fox_lm.loglikelihood(reqs, disable_tqdm=True)
+    finally:
+        fox_lm.batch_size, fox_lm.max_logit_tokens = old_bs, 32768
+    for other in (four, capped):
+        assert [a for a, _ in one] == pytest.approx([a for a, _ in other], abs=1e-4)
+        assert [b for _, b in one] == [b for _, b in other]
+
+
+def test_generate_until_stops(fox_lm):
+    prompts = ["It was the best of times,", "Call me"]
+    free = fox_lm.generate_until([SimpleNamespace(args=(p, {"until": [], "max_gen_toks": 10})) for p in prompts],
+                                 disable_tqdm=True)
+    assert all(isinstance(t, str) for t in free)
+    text = free[0]
+    stop = next((text[k:k + 2] for k in range(3, len(text) - 1) if text[k:k + 2].strip()), None)
+    if stop is None:
+        pytest.skip(f"the tiny model generated nothing usable as a stop string: {text!r}")
+    cut = fox_lm.generate_until([SimpleNamespace(args=(prompts[0], {"until": [stop], "max_gen_toks": 10}))],
+                                disable_tqdm=True)[0]
+    assert cut == text[:text.index(stop)]
+    assert stop not in cut
+
+
+def _result(name, wiki, lmb_ppl, accs):
+    tasks = ["lambada_openai", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "copa", "openbookqa",
+             "sciq", "boolq"]
+    from eval.lm_eval_harness.run import TASK_METRICS
+
+    results = {"wikitext": {"word_perplexity,none": wiki}, "lambada_openai": {"perplexity,none": lmb_ppl}}
+    for t, a in zip(tasks, accs):
+        results.setdefault(t, {})[f"{TASK_METRICS[t][-1] if t != 'lambada_openai' else 'acc'},none"] = a
+    return {"name": name, "results": results}
+
+
+def test_table_bold_underline_direction(tmp_path):
+    from eval.lm_eval_harness.table import main, render
+
+    a = _result("A", 20.0, 15.0, [0.40, 0.60, 0.30, 0.50, 0.50, 0.20, 0.60, 0.30, 0.80, 0.60])
+    b = _result("B", 22.0, 12.0, [0.45, 0.62, 0.31, 0.52, 0.55, 0.25, 0.70, 0.28, 0.85, 0.55])
+    c = _result("C", 25.0, 30.0, [0.30, 0.55, 0.29, 0.49, 0.40, 0.21, 0.50, 0.35, 0.70, 0.65])
+    files = []
+    for r in (a, b, c):
+        f = tmp_path / f"{r['name']}.json"
+        f.write_text(json.dumps(r))
+        files.append(f)
+    md = render(files)
+    rows = {line.split("|")[1].strip(): [x.strip() for x in line.split("|")[2:-1]]
+            for line in md.splitlines() if line.startswith("| ") and line.split("|")[1].strip() in "ABC"}
+    assert rows["A"][0] == "**20.00**" and rows["B"][0] == "<u>22.00</u>" and rows["C"][0] == "25.00"  # ppl↓
+    assert rows["B"][1] == "**12.00**" and rows["A"][1] == "<u>15.00</u>"
+    assert rows["B"][2] == "**45.0**" and rows["A"][2] == "<u>40.0</u>"  # acc↑, in percent
+    assert rows["C"][9] == "**35.0**"  # OBQA
+    # Avg over the 10 accuracy columns: B best.
+    assert rows["B"][-1].startswith("**")
+    tex = render(files, latex=True)
+    assert "\\textbf{20.00}" in tex and "\\underline{22.00}" in tex
+    main([str(f) for f in files] + ["--latex"])
