@@ -66,34 +66,47 @@ def _best(matrix) -> list[float | None]:
         if matrix else []
 
 
-def _cell(v, best, bold) -> str:
+def _second(matrix) -> list[float | None]:
+    """Per column the second-highest distinct value (None when a column has fewer than two)."""
+    cols = [sorted({r[j] for r in matrix if r[j] is not None}, reverse=True) for j in range(len(matrix[0]))] \
+        if matrix else []
+    return [c[1] if len(c) > 1 else None for c in cols]
+
+
+def _cell(v, best, bold, second=None, underline=None) -> str:
     if v is None:
         return "–"
     s = f"{v:.2f}"
-    return bold(s) if best is not None and v == best and v is not None else s
+    if best is not None and v == best:
+        return bold(s)
+    return underline(s) if underline is not None and second is not None and v == second else s
 
 
-def markdown(rows, datasets=None) -> str:
+def markdown(rows, datasets=None, *, underline_second: bool = False) -> str:
+    """``underline_second``: also underline each column's second-best value (as the paper's Table 2)."""
     groups, matrix = layout(rows, datasets)
     cols = [d for _, ds in groups for d in ds]
     best = _best(matrix)
+    second = _second(matrix) if underline_second else [None] * len(best)
     head = ["Model"] + [LABELS.get(d, d) for d in cols] + [AVG]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for (name, _), vals in zip(rows, matrix):
-        lines.append("| " + " | ".join([name] + [_cell(v, b, lambda s: f"**{s}**") for v, b in zip(vals, best)])
-                     + " |")
+        lines.append("| " + " | ".join([name] + [_cell(v, b, lambda s: f"**{s}**", s2, lambda s: f"<u>{s}</u>")
+                                                 for v, b, s2 in zip(vals, best, second)]) + " |")
     legend = "; ".join(f"{g}: {', '.join(LABELS.get(d, d) for d in ds)}" for g, ds in groups)
-    return "\n".join(lines) + f"\n\nGroups — {legend}. Best of each column in bold.\n"
+    marks = "Best of each column in bold" + (", second underlined" if underline_second else "")
+    return "\n".join(lines) + f"\n\nGroups — {legend}. {marks}.\n"
 
 
 def _tex(s: str) -> str:
     return s.replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("&", r"\&").replace("%", r"\%")
 
 
-def latex(rows, datasets=None) -> str:
+def latex(rows, datasets=None, *, underline_second: bool = False) -> str:
     groups, matrix = layout(rows, datasets)
     cols = [d for _, ds in groups for d in ds]
     best = _best(matrix)
+    second = _second(matrix) if underline_second else [None] * len(best)
     out = [r"\begin{tabular}{l" + "r" * (len(cols) + 1) + "}", r"\toprule"]
     group_cells, rules, start = [], [], 2
     for g, ds in groups:
@@ -105,7 +118,8 @@ def latex(rows, datasets=None) -> str:
     out.append(" & " + " & ".join(LABELS.get(d, _tex(d)) for d in cols) + r" & \\")
     out.append(r"\midrule")
     for (name, _), vals in zip(rows, matrix):
-        cells = [_cell(v, b, lambda s: rf"\textbf{{{s}}}") for v, b in zip(vals, best)]
+        cells = [_cell(v, b, lambda s: rf"\textbf{{{s}}}", s2, lambda s: rf"\underline{{{s}}}")
+                 for v, b, s2 in zip(vals, best, second)]
         out.append(" & ".join([_tex(name)] + cells) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(out) + "\n"
