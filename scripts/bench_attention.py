@@ -167,7 +167,24 @@ def sweep(shapes):
                 fa._FORCE_CONFIGS.pop(kind)
 
 
-def bench_acp(shapes):
+def profile(fn, inputs, title):
+    """Print the GPU kernels of one forward+backward call of ``fn`` (torch.profiler), largest first."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    q, k, v, lf = (t.detach().requires_grad_() for t in inputs)
+    do = torch.randn_like(q)
+    for _ in range(3):
+        fn(q, k, v, lf).backward(do)
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn(q, k, v, lf).backward(do)
+        torch.cuda.synchronize()
+    print(f"--- profile: {title}", flush=True)
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60), flush=True)
+
+
+def bench_acp(shapes, profile_acp=False):
     """ACP speedup over our own dense time: half the heads local (log f = -1.3), half global (-1e-4), QK-normed
     q / k (RMSNorm, unit weights), threshold 'auto' with eps = e^-10."""
     from forgetting_transformer.ops import forgetting_attention
@@ -192,10 +209,12 @@ def bench_acp(shapes):
         import triton
 
         fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
-        prep = triton.testing.do_bench(lambda: fa._acp_coarse_tables(
+        prep = triton.testing.do_bench(lambda: fa._acp_tables(
             lf, fa._acp.acp_threshold(q, k, D ** -0.5, "auto", qk_norm_weights=(w, w)), T, max(16, D)),
             warmup=25, rep=100, return_mode="median")
         print(f"{sname} ACP threshold + boundary tables: {prep:.3f} ms", flush=True)
+        if profile_acp:
+            profile(acp, (q, k, v, lf), f"{sname} ACP fwd+bwd")
         rows.append((sname, (B, T, H, D), *res, res[0] / res[2], res[1] / res[3], tiles))
         print(f"{sname} ACP: dense fwd {res[0]:.3f} ms fwd+bwd {res[1]:.3f} ms | ACP fwd {res[2]:.3f} ms "
               f"fwd+bwd {res[3]:.3f} ms | speedup fwd {res[0] / res[2]:.2f}x fwd+bwd {res[1] / res[3]:.2f}x "
@@ -218,6 +237,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-acp", action="store_true")
     ap.add_argument("--acp-only", action="store_true", help="only the ACP table (prints, writes nothing)")
+    ap.add_argument("--profile-acp", action="store_true", help="print the kernels of one ACP call per shape")
     ap.add_argument("--sweep", default="", help="comma list of shapes: time each kernel per config, then exit")
     ap.add_argument("--out", default="docs/benchmarks.md")
     ap.add_argument("--shapes", default="S1,S2,S3,S4")
@@ -230,7 +250,7 @@ def main():
         sweep(args.sweep.split(","))
         return
     if args.acp_only:
-        print("\n".join(bench_acp(args.shapes.split(","))))
+        print("\n".join(bench_acp(args.shapes.split(","), args.profile_acp)))
         return
 
     methods = {"ours": method_ours, "sdpa_flash": lambda: method_sdpa("flash"),
@@ -289,7 +309,7 @@ def main():
     for sname, shp, name, fms, ftf, fr, bms, btf, br in rows:
         lines.append(f"| {sname} {shp} | {name} | {fms:.3f} | {ftf:.1f} | {fr:.2f} | {bms:.3f} | {btf:.1f} | {br:.2f} |")
     if not args.no_acp:
-        lines += bench_acp(args.shapes.split(","))
+        lines += bench_acp(args.shapes.split(","), args.profile_acp)
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     if args.out:

@@ -7,12 +7,15 @@ away from the diagonal, so the pruned key blocks of a query block form a prefix,
 key block a suffix). ``delta = -2U - log(Tk) + log(eps)`` with ``U >= max |s_ij|`` bounds the total softmax
 weight pruned from any row by ``eps``.
 
-The boundary is computed once on a coarse grid (GM x GN, the largest block sizes of the three kernels) and mapped
-to each kernel's tiling, so the forward and both backward kernels prune exactly the same (i, j) region and the
-gradients are exactly those of the pruned forward. The kernel path computes the coarse boundaries in one Triton
-launch (``triton_kernels._acp_tables_kernel``: a linear float64 cumsum pass, then vectorised binary searches);
-``lo_table`` / ``hi_table`` here are the PyTorch (``torch.searchsorted``) equivalents used to test it and for
-``tile_stats``. Requires ``log f <= 0`` (then ``c`` is non-increasing and the searches are valid).
+The pruned region is defined once, on a fine grid (GM x GN = the smallest BLOCK_M / BLOCK_N of the three
+kernels), as a per-query-block count ``lo[m]`` of pruned key blocks; equivalently every query row ``i`` sees keys
+``j >= lo[i // GM] * GN`` only. Each kernel skips its own tiles that lie wholly in the region and masks the
+elements of the tiles that straddle its boundary, so the forward and both backward kernels prune exactly the
+same (i, j) set whatever their tile sizes, and the gradients are exactly those of the pruned forward. The kernel
+path computes ``lo`` and ``hi`` in one Triton launch (``triton_kernels._acp_tables_kernel``: a linear float64
+cumsum pass, then the paper's linear two-pointer walk, vectorised); ``lo_table`` / ``hi_table`` here are the
+PyTorch (``torch.searchsorted``) equivalents used to test it and for ``tile_stats``. Requires ``log f <= 0``
+(then ``c`` is non-increasing and the boundary is monotone).
 """
 
 from __future__ import annotations
@@ -77,35 +80,37 @@ def _key_block_ends(Tk, BN, device):
 
 
 def lo_table(lf, delta, Tq, BM, BN, c=None):
-    """(B*H, cdiv(Tq, BM)) int32: per query block, the number of leading key blocks (of size BN) pruned."""
+    """(B*H, cdiv(Tq, BM)) int32: per query block, the number of leading key blocks (of size BN) pruned, capped
+    so that the key block holding the query block's first row is kept (every row keeps its diagonal)."""
     B, Tk, H = lf.shape
     c = cumsum(lf) if c is None else c
-    cm = c[..., _query_block_starts(Tq, Tk, BM, lf.device)]  # (B, H, nq)
+    starts = _query_block_starts(Tq, Tk, BM, lf.device)
+    cm = c[..., starts]  # (B, H, nq)
     ce = c[..., _key_block_ends(Tk, BN, lf.device)].contiguous()  # (B, H, nk), non-increasing
     lo = torch.searchsorted(-ce, (delta.double()[..., None] - cm).contiguous(), side="left")
+    lo = torch.minimum(lo, starts // BN)
     return lo.to(torch.int32).reshape(B * H, -1).contiguous()
 
 
-def hi_table(lf, delta, Tq, BM, BN, c=None):
-    """(B*H, cdiv(Tk, BN)) int32: per key block, the last query block (of size BM) that is not pruned."""
-    B, Tk, H = lf.shape
-    c = cumsum(lf) if c is None else c
-    cm = c[..., _query_block_starts(Tq, Tk, BM, lf.device)].contiguous()  # (B, H, nq), non-increasing
-    ce = c[..., _key_block_ends(Tk, BN, lf.device)]  # (B, H, nk)
-    cnt = torch.searchsorted(-cm, (-(ce + delta.double()[..., None])).contiguous(), side="right")
-    return (cnt - 1).to(torch.int32).reshape(B * H, -1).contiguous()
+def hi_table(lo, Tk, BN):
+    """(B*H, cdiv(Tk, BN)) int32 from ``lo_table``: per key block n, the last query block m with
+    ``lo[m] <= n`` (-1 if none), i.e. the same pruned region seen from the keys."""
+    n = torch.arange(0, -(-Tk // BN), device=lo.device, dtype=lo.dtype)
+    cnt = torch.searchsorted(lo.contiguous(), n.expand(lo.shape[0], -1).contiguous(), side="right")
+    return (cnt - 1).to(torch.int32).contiguous()
 
 
 def _tables_torch(lf, delta, Tq, GM, GN):
-    """PyTorch equivalent of the Triton ``_acp_tables_kernel``: (lo_g, hi_g) on the coarse grid."""
-    c = cumsum(lf)
-    return lo_table(lf, delta, Tq, GM, GN, c=c), hi_table(lf, delta, Tq, GM, GN, c=c)
+    """PyTorch equivalent of the Triton ``_acp_tables_kernel``: (lo, hi) on the (GM x GN) grid."""
+    lo = lo_table(lf, delta, Tq, GM, GN)
+    return lo, hi_table(lo, lf.shape[1], GN)
 
 
 def lo_for_tiling(lo_g, Tq, GM, GN, BM, BN):
-    """Map a coarse (GM x GN) ``lo_table`` to a kernel tiling (BM | GM, BN | GN): the same pruned region."""
+    """Fully pruned key blocks per query block of a kernel tiling (BM x BN, powers of two) given the region's
+    ``lo_table`` on the (GM x GN) grid: a tile is skipped iff every element is pruned for its first row."""
     idx = torch.arange(0, Tq, BM, device=lo_g.device) // GM
-    return (lo_g[:, idx] * (GN // BN)).to(torch.int32).contiguous()
+    return ((lo_g[:, idx].long() * GN) // BN).to(torch.int32).contiguous()
 
 
 def tile_stats(lf, delta, Tq, BM, BN, lo=None):

@@ -102,7 +102,8 @@ def _kernel(kind):
             import triton
 
             fn = triton.autotune(
-                configs=_gpu_configs(kind), key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE"],
+                configs=_gpu_configs(kind),
+                key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE", "HAS_HI" if kind == "dkdv" else "HAS_LO"],
                 prune_configs_by={"early_config_prune": _prune(kind)},
             )(fn)
         _KERNELS[key] = fn
@@ -120,7 +121,7 @@ def _raw_kernel(kind):
 
 
 def _fixed_config(kind, block_d):
-    """The (meta, warps, stages) used when autotuning is off or a block-size-dependent table (ACP) is passed."""
+    """The (meta, warps, stages) used when autotuning is off (and the tiles that set ACP's grid)."""
     if _interpreting():
         return _INTERPRET_CONFIGS[kind], 4, 1
     if kind in _FORCE_CONFIGS:
@@ -132,49 +133,40 @@ _ACP_GRID_OVERRIDE = None  # tests only
 
 
 def _acp_grid(block_d):
-    """Coarse ACP granularity (GM, GN): the largest BLOCK_M / BLOCK_N of the three kernels (powers of two, so
-    every kernel's blocks divide it)."""
+    """ACP's grid (GM, GN): the smallest BLOCK_M / BLOCK_N of the three kernels' default configs. The pruned
+    region is defined on it; kernels with larger (or autotuned) tiles mask the straddling elements."""
     if _ACP_GRID_OVERRIDE is not None:
         return _ACP_GRID_OVERRIDE
     cfgs = [_fixed_config(kind, block_d)[0] for kind in ("fwd", "dq", "dkdv")]
-    return max(c["BLOCK_M"] for c in cfgs), max(c["BLOCK_N"] for c in cfgs)
+    return min(c["BLOCK_M"] for c in cfgs), min(c["BLOCK_N"] for c in cfgs)
 
 
-def _acp_lo(kind, acp_tables, Tq, block_d):
-    GM, GN = _acp_grid(block_d)
-    cfg = _fixed_config(kind, block_d)[0]
-    return _acp.lo_for_tiling(acp_tables[0], Tq, GM, GN, cfg["BLOCK_M"], cfg["BLOCK_N"])
+def _acp_args(acp_tables, block_d, rows_only=False):
+    """Kernel args (lo entries per (b, h), [hi entries per (b, h),] GM, GN); ``rows_only``: without hi."""
+    n = (0, 0) if acp_tables is None else (acp_tables[0].shape[1], acp_tables[1].shape[1])
+    grid = (1, 1) if acp_tables is None else _acp_grid(block_d)
+    return n[:1] + grid if rows_only else n + grid
 
 
-def _acp_args(acp_tables, n, block_d):
-    """Kernel args (table, blocks per row of the coarse table, GM, GN); the kernels map coarse to own tiles."""
-    if acp_tables is None:
-        return 0, 1, 1
-    GM, GN = _acp_grid(block_d)
-    return n, GM, GN
-
-
-def _acp_coarse_tables(lf, acp_delta, Tq, block_d):
-    """(lo_g, hi_g) on the coarse ACP grid: one Triton launch (float64 cumsum + vectorised binary searches).
+def _acp_tables(lf, acp_delta, Tq, block_d):
+    """(lo, hi) on ACP's grid: one Triton launch (float64 cumsum + linear two-pointer walks).
     ``acp._tables_torch`` is the PyTorch equivalent (tests compare them)."""
     GM, GN = _acp_grid(block_d)
     B, Tk, H = lf.shape
-    NQ, NK = _cdiv(Tq, GM), _cdiv(Tk, GN)
-    lo = torch.empty((B * H, NQ), device=lf.device, dtype=torch.int32)
-    hi = torch.empty((B * H, NK), device=lf.device, dtype=torch.int32)
+    lo = torch.empty((B * H, _cdiv(Tq, GM)), device=lf.device, dtype=torch.int32)
+    hi = torch.empty((B * H, _cdiv(Tk, GN)), device=lf.device, dtype=torch.int32)
     c = torch.empty((B * H, Tk), device=lf.device, dtype=torch.float64)
     from . import triton_kernels as tk
 
     tk._acp_tables_kernel[(B * H,)](
-        lf, acp_delta.reshape(-1).contiguous(), c, lo, hi, H, Tq, Tk, NQ, NK,
-        max(NQ, 1).bit_length(), max(NK, 1).bit_length(), GM=GM, GN=GN,
-        CHUNK=64 if _interpreting() else 1024, VEC=16 if _interpreting() else 128, num_warps=4,
+        lf, acp_delta.reshape(-1).contiguous(), c, lo, hi, H, Tq, Tk, lo.shape[1], hi.shape[1], GM=GM, GN=GN,
+        CHUNK=64 if _interpreting() else 1024, VEC=16 if _interpreting() else 64, num_warps=4,
     )
     return lo, hi
 
 
-def _launch(kind, grid_fn, *args, fixed=False, **meta):
-    if fixed or _interpreting() or kind in _FORCE_CONFIGS or not _autotune_enabled():
+def _launch(kind, grid_fn, *args, **meta):
+    if _interpreting() or kind in _FORCE_CONFIGS or not _autotune_enabled():
         cfg, w, s = _fixed_config(kind, meta["BLOCK_D"])
         _raw_kernel(kind)[grid_fn(cfg)](*args, **meta, **cfg, num_warps=w, num_stages=s)
     else:
@@ -213,9 +205,9 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         o.stride(0), o.stride(1), o.stride(2), *ks_strides,
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, None if acp_tables is None else acp_tables[0].shape[1], block_d),
+        *_acp_args(acp_tables, block_d, rows_only=True),
         HEAD_DIM=D, BLOCK_D=block_d, HAS_START=has_start, HAS_LO=acp_tables is not None,
-        IEEE=q.dtype == torch.float32, fixed=acp_tables is not None,
+        IEEE=q.dtype == torch.float32,
     )
     return o, lse
 
@@ -253,8 +245,7 @@ def _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables=None):
     has_start = kstart is not None
     ks = kstart if has_start else lse
     ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
-    common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32,
-                  fixed=acp_tables is not None)
+    common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32)
     lo = lse if acp_tables is None else acp_tables[0]
     _launch(
         "dq", lambda META: (B * H, _cdiv(Tq, META["BLOCK_M"])),
@@ -263,7 +254,7 @@ def _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables=None):
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides,
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, None if acp_tables is None else acp_tables[0].shape[1], common["BLOCK_D"]),
+        *_acp_args(acp_tables, common["BLOCK_D"], rows_only=True),
         HAS_START=has_start, HAS_LO=acp_tables is not None, **common,
     )
     return dq, drow, delta
@@ -281,18 +272,17 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
     ke = kend if has_end else lse
     ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
     ke_strides = (kend.stride(0), kend.stride(1)) if has_end else (0, 0)
-    common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32,
-                  fixed=acp_tables is not None)
-    hi = lse if acp_tables is None else acp_tables[1]
+    common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32)
+    lo, hi = (lse, lse) if acp_tables is None else acp_tables
     _launch(
         "dkdv", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])),
-        q, k, v, lf, do, lse, delta, dk, dv, dcol, ks, ke, hi,
+        q, k, v, lf, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides, *ke_strides,
         dk.stride(0), dk.stride(1), dk.stride(2),
         H, Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, None if acp_tables is None else acp_tables[1].shape[1], common["BLOCK_D"]),
+        *_acp_args(acp_tables, common["BLOCK_D"]),
         H // Hkv,
         HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, **common,
     )
@@ -410,11 +400,13 @@ def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlen
     if adaptive_threshold is not None:
         acp_delta = _acp.acp_threshold(q, k, sm_scale, adaptive_threshold, eps=acp_eps,
                                        qk_norm_weights=qk_norm_weights)
-        tables = _acp_coarse_tables(log_fgate, acp_delta, q.shape[1], block_d)
+        tables = _acp_tables(log_fgate, acp_delta, q.shape[1], block_d)
     o, _ = _fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
     if return_stats:
         cfg = _fixed_config("fwd", block_d)[0]
-        lo = None if tables[0] is None else _acp_lo("fwd", tables, q.shape[1], block_d)
+        lo = None
+        if tables[0] is not None:
+            lo = _acp.lo_for_tiling(tables[0], q.shape[1], *_acp_grid(block_d), cfg["BLOCK_M"], cfg["BLOCK_N"])
         stats = _acp.tile_stats(log_fgate, None, q.shape[1], cfg["BLOCK_M"], cfg["BLOCK_N"], lo=lo)
         return o, stats
     return o

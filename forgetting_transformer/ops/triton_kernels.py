@@ -30,10 +30,39 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _row_bounds(KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_NQ, ACP_GM, ACP_GN,
+                BLOCK_N: tl.constexpr, HAS_START: tl.constexpr, HAS_LO: tl.constexpr):
+    """Key-block schedule of a query block (fwd and dq kernels), walked downwards from the diagonal.
+
+    ``kstart`` (BLOCK_M,): each row's first visible key, the larger of its left-padding / document start and its
+    ACP bound ``LO_BLK[row // ACP_GM] * ACP_GN``. Returns kstart, the lowest block visited ``lo_blk``, the
+    top block ``n_top``, and the numbers of causal-diagonal blocks, clean blocks (no mask) and blocks that
+    straddle some row's kstart (kstart mask only), in that order.
+    """
+    kstart = tl.zeros_like(offs_m)
+    if HAS_START:
+        kstart = tl.load(KSTART + b.to(tl.int64) * ssb + offs_m * sst, mask=row_ok, other=0)
+    if HAS_LO:
+        kstart = tl.maximum(kstart, tl.load(LO_BLK + pid_bh * ACP_NQ + offs_m // ACP_GM, mask=row_ok,
+                                            other=0) * ACP_GN)
+    lo_blk = 0
+    n_clean_lo = 0  # blocks at or above this need no kstart mask
+    if HAS_START or HAS_LO:
+        lo_blk = (tl.min(tl.where(row_ok, kstart, 2147483647), 0) // BLOCK_N) * BLOCK_N
+        n_clean_lo = ((tl.max(kstart, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N
+    n_top = ((E - 1) // BLOCK_N) * BLOCK_N
+    n_um = ((m0 + 1) // BLOCK_N) * BLOCK_N - BLOCK_N  # highest block fully at/below the first query
+    n_masked = (n_top - tl.maximum(n_um, lo_blk - BLOCK_N)) // BLOCK_N
+    n_clean = tl.maximum((n_um - tl.maximum(n_clean_lo, lo_blk)) // BLOCK_N + 1, 0)
+    n_smasked = tl.maximum((n_top - (n_masked + n_clean) * BLOCK_N - lo_blk) // BLOCK_N + 1, 0)
+    return kstart, lo_blk, n_top, n_masked, n_clean, n_smasked
+
+
+@triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
     n0, E, qk_scale, offs_n, offs_d,
-    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     pos_k = n0 + offs_n
@@ -62,7 +91,7 @@ def _attn_fwd_inner(
     s = _dot(q, tl.trans(k), IEEE) * qk_scale + (dk2[None, :] - rq2[:, None])
     if CAUSAL_MASK:
         s = tl.where(pos_k[None, :] <= pos_q[:, None], s, float("-inf"))
-    if HAS_START:
+    if START_MASK:
         s = tl.where(pos_k[None, :] >= kstart[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -110,35 +139,31 @@ def _attn_fwd_kernel(
     rq2 = (tl.sum(lf_q, 0) - cq) * 1.4426950408889634  # sum_{t=i+1}^{E-1} log f_t, log2 units
     qk_scale = sm_scale * 1.4426950408889634
 
-    lo = 0
-    kstart = offs_m  # placeholder (unused unless HAS_START)
-    if HAS_START:
-        kstart = tl.load(KSTART + b.to(tl.int64) * ssb + offs_m * sst, mask=row_ok, other=2147483647)
-        lo = tl.maximum(tl.min(kstart, 0), 0)
-    lo_blk = (lo // BLOCK_N) * BLOCK_N
-    if HAS_LO:
-        lo_blk = tl.maximum(lo_blk, tl.load(LO_BLK + pid_bh * ACP_NQ + (pid_m * BLOCK_M) // ACP_GM) * ACP_GN)
-
-    n_top = ((E - 1) // BLOCK_N) * BLOCK_N
-    n_um = ((m0 + 1) // BLOCK_N) * BLOCK_N - BLOCK_N  # highest block fully at/below the first query
-    n_masked = (n_top - tl.maximum(n_um, lo_blk - BLOCK_N)) // BLOCK_N
-    n_unmasked = tl.maximum((n_um - lo_blk) // BLOCK_N + 1, 0)
+    kstart, lo_blk, n_top, n_masked, n_clean, n_smasked = _row_bounds(
+        KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_NQ, ACP_GM, ACP_GN,
+        BLOCK_N, HAS_START, HAS_LO)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     g = tl.sum(tl.zeros([BLOCK_N], dtype=tl.float32), 0)
+    # key blocks in descending order: causal diagonal blocks, clean blocks, then the blocks that straddle the
+    # rows' first visible keys (left padding, documents, ACP boundary)
     for it in range(0, n_masked):
         n0 = n_top - it * BLOCK_N
         acc, l_i, m_i, g = _attn_fwd_inner(
             acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, True, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
-    n_start = n_top - n_masked * BLOCK_N
-    for it in range(0, n_unmasked):
-        n0 = n_start - it * BLOCK_N
+            n0, E, qk_scale, offs_n, offs_d, True, HAS_START or HAS_LO, HEAD_DIM, BLOCK_D, IEEE)
+    for it in range(0, n_clean):
+        n0 = n_top - (n_masked + it) * BLOCK_N
         acc, l_i, m_i, g = _attn_fwd_inner(
             acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, False, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+            n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, IEEE)
+    for it in range(0, n_smasked):
+        n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
+        acc, l_i, m_i, g = _attn_fwd_inner(
+            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+            n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, IEEE)
 
     l_ok = l_i > 0.0
     o = acc / tl.where(l_ok, l_i, 1.0)[:, None]
@@ -156,7 +181,7 @@ def _attn_fwd_kernel(
 def _attn_bwd_dq_inner(
     dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
     n0, E, qk_scale, offs_n, offs_d,
-    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     pos_k = n0 + offs_n
@@ -184,7 +209,7 @@ def _attn_bwd_dq_inner(
     s = _dot(q, tl.trans(k), IEEE) * qk_scale + (dk2[None, :] - rq2[:, None])
     if CAUSAL_MASK:
         s = tl.where(pos_k[None, :] <= pos_q[:, None], s, float("-inf"))
-    if HAS_START:
+    if START_MASK:
         s = tl.where(pos_k[None, :] >= kstart[:, None], s, float("-inf"))
     p = tl.math.exp2(s - lse2[:, None])
     dp = _dot(do, tl.trans(v), IEEE)
@@ -239,33 +264,28 @@ def _attn_bwd_dq_kernel(
     rq2 = (tl.sum(lf_q, 0) - cq) * 1.4426950408889634
     qk_scale = sm_scale * 1.4426950408889634
 
-    lo = 0
-    kstart = offs_m
-    if HAS_START:
-        kstart = tl.load(KSTART + b.to(tl.int64) * ssb + offs_m * sst, mask=row_ok, other=2147483647)
-        lo = tl.maximum(tl.min(kstart, 0), 0)
-    lo_blk = (lo // BLOCK_N) * BLOCK_N
-    if HAS_LO:
-        lo_blk = tl.maximum(lo_blk, tl.load(LO_BLK + pid_bh * ACP_NQ + (pid_m * BLOCK_M) // ACP_GM) * ACP_GN)
-    n_top = ((E - 1) // BLOCK_N) * BLOCK_N
-    n_um = ((m0 + 1) // BLOCK_N) * BLOCK_N - BLOCK_N
-    n_masked = (n_top - tl.maximum(n_um, lo_blk - BLOCK_N)) // BLOCK_N
-    n_unmasked = tl.maximum((n_um - lo_blk) // BLOCK_N + 1, 0)
+    kstart, lo_blk, n_top, n_masked, n_clean, n_smasked = _row_bounds(
+        KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_NQ, ACP_GM, ACP_GN,
+        BLOCK_N, HAS_START, HAS_LO)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     rowsum = tl.zeros([BLOCK_M], dtype=tl.float32)
     g = tl.sum(tl.zeros([BLOCK_N], dtype=tl.float32), 0)
-    for it in range(0, n_masked):
+    for it in range(0, n_masked):  # same block order as the forward
         n0 = n_top - it * BLOCK_N
         dq, rowsum, g = _attn_bwd_dq_inner(
             dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, True, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
-    n_start = n_top - n_masked * BLOCK_N
-    for it in range(0, n_unmasked):
-        n0 = n_start - it * BLOCK_N
+            n0, E, qk_scale, offs_n, offs_d, True, HAS_START or HAS_LO, HEAD_DIM, BLOCK_D, IEEE)
+    for it in range(0, n_clean):
+        n0 = n_top - (n_masked + it) * BLOCK_N
         dq, rowsum, g = _attn_bwd_dq_inner(
             dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, False, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+            n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, IEEE)
+    for it in range(0, n_smasked):
+        n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
+        dq, rowsum, g = _attn_bwd_dq_inner(
+            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+            n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, IEEE)
 
     DQ_base = DQ + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh  # DQ shares q's (contiguous) strides
     tl.store(DQ_base + offs_m[:, None] * sqt + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
@@ -277,9 +297,9 @@ def _attn_bwd_dq_kernel(
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-    KSTART_base, sqt, sdot, slt, sst, m0, off, Tq, qk_scale, offs_m, offs_d,
-    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
+    KSTART_base, LO_base, sqt, sdot, slt, sst, m0, off, Tq, qk_scale, offs_m, offs_d, ACP_GM, ACP_GN,
+    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, ACP_MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
 ):
     # Transposed formulation (keys on rows): S^T = K Q^T, so P^T / dS^T feed the dv / dk products directly.
     rows = m0 - off + offs_m
@@ -305,6 +325,9 @@ def _attn_bwd_dkdv_inner(
     if HAS_START:
         kstart = tl.load(KSTART_base + rows * sst, mask=row_ok, other=2147483647)
         sT = tl.where(pos_k[:, None] >= kstart[None, :], sT, float("-inf"))
+    if ACP_MASK:  # rows whose ACP bound lies above some key of this block
+        jmin = tl.load(LO_base + rows // ACP_GM, mask=row_ok, other=0) * ACP_GN
+        sT = tl.where(pos_k[:, None] >= jmin[None, :], sT, float("-inf"))
     pT = tl.math.exp2(sT)
     dv += _dot(pT.to(do.dtype), do, IEEE)
     dpT = _dot(v, tl.trans(do), IEEE)
@@ -316,10 +339,10 @@ def _attn_bwd_dkdv_inner(
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, LF, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, HI_BLK,
+    Q, K, V, LF, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst, seb, set,
     sdkb, sdkt, sdkh,
-    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NK, ACP_GM, ACP_GN, GROUP: tl.constexpr,
+    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -372,9 +395,13 @@ def _attn_bwd_dkdv_kernel(
         lf_k = tl.load(LF_base + pos_k * slt, mask=k_ok, other=0.0)
         ck2 = tl.cumsum(lf_k, 0) * 1.4426950408889634
         mb_hi = mb_last
+        mb_acp = mb_last + 1  # query blocks >= mb_acp hold rows whose ACP bound is above this block's first key
+        LO_base = LO_BLK + bh * ACP_NQ
         if HAS_HI:
-            hi_g = tl.load(HI_BLK + bh * ACP_NK + (pid_n * BLOCK_N) // ACP_GN)
-            mb_hi = tl.minimum(mb_hi, (hi_g + 1) * (ACP_GM // BLOCK_M) - 1)
+            HI_base = HI_BLK + bh * ACP_NK
+            hi_last = tl.load(HI_base + (tl.minimum(n0 + BLOCK_N, Tk) - 1) // ACP_GN)  # last fine query block
+            mb_hi = tl.minimum(mb_hi, ((hi_last + 1) * ACP_GM + BLOCK_M - 1) // BLOCK_M - 1)
+            mb_acp = ((tl.load(HI_base + n0 // ACP_GN) + 1) * ACP_GM) // BLOCK_M
         # acc_c = signed sum of log f over [n0, m0_first): block-sized steps, no global cumsum
         m0f = off + mb_first * BLOCK_M
         lo_p = tl.minimum(n0, m0f)
@@ -386,17 +413,24 @@ def _attn_bwd_dkdv_kernel(
         if m0f < n0:
             acc_c = -acc_c
         colsum = tl.zeros([BLOCK_N], dtype=tl.float32)
+        # query blocks in ascending order: causal diagonal blocks, clean blocks, then blocks with ACP-pruned rows
         mb_mid = tl.minimum(mb_um, mb_hi + 1)
+        mb_end = tl.maximum(tl.minimum(mb_acp, mb_hi + 1), mb_mid)
         for mb in range(mb_first, mb_mid):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                KSTART_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                True, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
-        for mb in range(mb_mid, mb_hi + 1):
+                KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE)
+        for mb in range(mb_mid, mb_end):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                KSTART_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                False, HAS_START, HEAD_DIM, BLOCK_D, IEEE)
+                KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, IEEE)
+        for mb in range(mb_end, mb_hi + 1):
+            dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
+                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
+                KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE)
         # DCOL is (B, Tk, H) contiguous
         tl.store(DCOL + (b.to(tl.int64) * Tk + pos_k) * H + h, colsum, mask=k_ok)
 
@@ -428,20 +462,25 @@ def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _acp_tables_kernel(LF, DELTA, C, LO, HI, H, Tq, Tk, NQ, NK, N_ITER_Q, N_ITER_K,
+def _acp_tables_kernel(LF, DELTA, C, LO, HI, H, Tq, Tk, NQ, NK,
                        GM: tl.constexpr, GN: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
-    """ACP pruning boundaries on the coarse (GM x GN) grid for one (b, h), in one launch.
+    """ACP pruning boundaries on the (GM x GN) grid for one (b, h), in one launch and linear time.
 
     Phase 1 writes c = cumsum(log f) in float64 to the scratch C (B*H, Tk): chunk-local ``tl.cumsum`` plus a
-    float64 carry (one pass, linear in Tk). Phase 2, vectorised binary searches over the monotone block sums
-    (O(#blocks log #blocks)): LO[m] = #leading key blocks n with c[m0] - c[end_n] < delta (pruned); HI[n] =
-    last query block m with c[m0] - c[end_n] >= delta. LF (B, Tk, H) contiguous; DELTA (B*H,) float32.
+    float64 carry. Phase 2 is the ACP paper's Algorithm 1 (a two-pointer walk: the boundary only moves right
+    as the query block moves down), vectorised over tiles: VEC query blocks are compared with a window of VEC
+    key blocks at a time, and the window only moves forward, so it costs O((NQ + NK) / VEC) vector steps.
+    LO[m] = number of leading key blocks n pruned for query block m (``c[m0] - c[end_n] < delta``), capped
+    so that the block holding the query block's first row is never pruned (every row keeps its diagonal).
+    Phase 3 derives HI[n] = last query block m with LO[m] <= n from LO by the same walk, so the forward and
+    both backward kernels prune exactly one region. LF (B, Tk, H) contiguous; DELTA (B*H,) float32.
     """
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
     off = Tk - Tq
     C_base = C + pid.to(tl.int64) * Tk
+    LO_base = LO + pid.to(tl.int64) * NQ
     offs = tl.arange(0, CHUNK)
     carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64), 0)
     for t0 in range(0, Tk, CHUNK):
@@ -452,29 +491,38 @@ def _acp_tables_kernel(LF, DELTA, C, LO, HI, H, Tq, Tk, NQ, NK, N_ITER_Q, N_ITER
     tl.debug_barrier()
     delta = tl.load(DELTA + pid).to(tl.float64)
     v = tl.arange(0, VEC)
-    # LO: per coarse query block, binary search over key blocks for the first unpruned one
+    # LO: rows = query blocks, columns = a window of key blocks starting at p
+    p = 0
     for q0 in range(0, NQ, VEC):
         mq = q0 + v
-        cm = tl.load(C_base + tl.minimum(off + mq * GM, Tk - 1), mask=mq < NQ, other=0.0)
-        lo = tl.zeros([VEC], dtype=tl.int32)
-        hi = tl.zeros([VEC], dtype=tl.int32) + NK
-        for _ in range(0, N_ITER_K):
-            mid = (lo + hi) // 2
-            ce = tl.load(C_base + tl.minimum(mid * GN + GN - 1, Tk - 1), mask=lo < hi, other=0.0)
-            pruned = (cm - ce < delta) & (lo < hi)
-            lo = tl.where(pruned, mid + 1, lo)
-            hi = tl.where(pruned | (lo >= hi), hi, mid)
-        tl.store(LO + pid.to(tl.int64) * NQ + mq, lo, mask=mq < NQ)
-    # HI: per coarse key block, binary search over query blocks for the first pruned one
+        q_ok = mq < NQ
+        thr = tl.load(C_base + tl.minimum(off + mq * GM, Tk - 1), mask=q_ok, other=0.0) - delta
+        cnt = tl.zeros([VEC], dtype=tl.int32) + p
+        more = p >= 0  # always true; a tensor so the loop-carried type is stable
+        while more:
+            nk = p + v
+            ce = tl.load(C_base + tl.minimum(nk * GN + GN - 1, Tk - 1), mask=nk < NK, other=float("-inf"))
+            add = tl.sum((ce[None, :] > thr[:, None]).to(tl.int32), 1)  # pruned: c[m0] - c[end_n] < delta
+            cnt += add
+            more = (tl.max(tl.where(q_ok, add, 0), 0) == VEC) & (p + VEC < NK)
+            if more:
+                p += VEC
+        cnt = tl.minimum(cnt, (off + mq * GM) // GN)
+        tl.store(LO_base + mq, cnt, mask=q_ok)
+    tl.debug_barrier()
+    # HI: rows = key blocks, columns = a window of query blocks starting at p
+    p = 0
     for n0 in range(0, NK, VEC):
         nk = n0 + v
-        ce = tl.load(C_base + tl.minimum(nk * GN + GN - 1, Tk - 1), mask=nk < NK, other=0.0)
-        lo = tl.zeros([VEC], dtype=tl.int32)
-        hi = tl.zeros([VEC], dtype=tl.int32) + NQ
-        for _ in range(0, N_ITER_Q):
-            mid = (lo + hi) // 2
-            cm = tl.load(C_base + tl.minimum(off + mid * GM, Tk - 1), mask=lo < hi, other=0.0)
-            keep = (cm - ce >= delta) & (lo < hi)
-            lo = tl.where(keep, mid + 1, lo)
-            hi = tl.where(keep | (lo >= hi), hi, mid)
-        tl.store(HI + pid.to(tl.int64) * NK + nk, lo - 1, mask=nk < NK)
+        k_ok = nk < NK
+        cnt = tl.zeros([VEC], dtype=tl.int32) + p
+        more = p >= 0  # always true; a tensor so the loop-carried type is stable
+        while more:
+            mq = p + v
+            lo = tl.load(LO_base + mq, mask=mq < NQ, other=2147483647)
+            add = tl.sum((lo[None, :] <= nk[:, None]).to(tl.int32), 1)  # key block n visible to query block m
+            cnt += add
+            more = (tl.max(tl.where(k_ok, add, 0), 0) == VEC) & (p + VEC < NQ)
+            if more:
+                p += VEC
+        tl.store(HI + pid.to(tl.int64) * NK + nk, cnt - 1, mask=k_ok)

@@ -203,8 +203,9 @@ def test_torch_compile_no_graph_break():
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def acp_masked_ref(q, k, v, lf, delta, GM, GN):
-    """Float64 attention with exactly the coarse (GM x GN) tiles pruned that ACP prunes (delta: (B, H))."""
+def acp_masked_ref(q, k, v, lf, delta, GM, GN, seq_start=None):
+    """Float64 attention with exactly the (GM x GN) grid tiles pruned that ACP prunes (delta: (B, H)): tiles whose
+    largest decay is below delta, except the key block holding the query block's first row."""
     B, Tq, H, D = q.shape
     Tk = k.shape[1]
     off = Tk - Tq
@@ -216,9 +217,12 @@ def acp_masked_ref(q, k, v, lf, delta, GM, GN):
     m0 = off + (r // GM) * GM
     e = torch.clamp((j // GN) * GN + GN - 1, max=Tk - 1)
     pruned = (c[..., m0][..., :, None] - c[..., e][..., None, :]) < delta[..., None, None]  # (B, H, Tq, Tk)
+    pruned &= (j // GN)[None, :] < (m0 // GN)[:, None]
     visible = (j[None, :] <= (off + r)[:, None]) & ~pruned
+    if seq_start is not None:  # left padding: keys before seq_start[b] are invisible
+        visible = visible & (j >= seq_start[:, None, None, None])
     s = torch.einsum("bihd,bjhd->bhij", q, kk) / math.sqrt(D) + c[..., off:, None] - c[..., None, :]
-    p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1)
+    p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0)  # rows with no key: 0
     return torch.einsum("bhij,bjhd->bihd", p, vv)
 
 
@@ -247,6 +251,41 @@ def test_acp_prunes_exactly_the_tile_mask():
     assert torch.equal(stats["computed"] + stats["pruned"], dense["computed"]) and (dense["pruned"] == 0).all()
 
 
+def test_acp_region_independent_of_tiling(big_tiles):
+    """Kernel tiles larger than ACP's grid in both dims (fwd 64x32, dq/dkdv 32x64 over a 16x16 grid), with
+    Tq < Tk, GQA and left padding: every kernel masks the straddling elements, so the output and all gradients
+    are still exactly those of the grid-masked attention."""
+    q, k, v, lf = acp_inputs(112)
+    q = q[:, 32:]
+    seq_start = torch.tensor([5])
+    delta = torch.tensor([[-2.0, -9.0, -3.0, -0.5]])
+    do = torch.randn_like(q)
+    fa._ACP_GRID_OVERRIDE = (16, 16)
+    try:
+        ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", adaptive_threshold=delta,
+                         seq_start=seq_start)
+    finally:
+        fa._ACP_GRID_OVERRIDE = None
+    ref = run_grads(lambda *x: acp_masked_ref(*x, delta.double(), 16, 16, seq_start=seq_start),
+                    [t.double() for t in (q, k, v, lf)], do.double())
+    for name, a, r in zip(("o", "dq", "dk", "dv", "dlogf"), ours, ref):
+        assert torch.isfinite(a).all(), name
+        # log f = -1.3 over 64-long tiles: block-local decay sums reach ~80, whose fp32 rounding gives ~2.5e-5
+        # (the same with delta = -inf, i.e. dense), so this test allows 2.5x RTOL
+        assert rel(a, r, floor=ref[3].norm().item()) <= 2.5 * RTOL, name
+
+
+def test_acp_positive_threshold_keeps_the_diagonal():
+    """A threshold above 0 would prune every key; the grid block holding each query block's first row is kept
+    (as in the ACP paper), so every row still attends to itself and nothing is NaN."""
+    q, k, v, lf = acp_inputs(40)
+    delta = torch.full((1, 4), 5.0)
+    ours = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=delta)
+    GM, GN = fa._acp_grid(16)
+    ref = acp_masked_ref(*(t.double() for t in (q, k, v, lf)), delta.double(), GM, GN)
+    assert torch.isfinite(ours).all() and rel(ours, ref) <= RTOL
+
+
 def test_acp_auto_within_eps_bound():
     """'auto' threshold: |o_acp - o_dense| <= 2 eps max|v| (pruned weight per row <= eps)."""
     q, k, v, _ = make(1, 160, 160, 2, 2, 16)
@@ -272,15 +311,18 @@ def test_acp_bad_threshold():
         forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=torch.zeros(2, 2))
 
 
-@pytest.mark.parametrize("Tq,Tk", [(100, 100), (37, 230), (1, 64)])
+@pytest.mark.parametrize("Tq,Tk", [(100, 100), (37, 230), (1, 64), (300, 700)])
 def test_acp_boundary_kernel_matches_searchsorted(Tq, Tk):
+    """The kernel's two-pointer walk (windows of 16 blocks under the interpreter; (300, 700) needs several)
+    equals torch.searchsorted; one threshold is positive (only the diagonal cap keeps keys)."""
     g = torch.Generator().manual_seed(Tk)
     lf = -torch.rand(2, Tk, 3, generator=g) * torch.tensor([2.0, 0.3, 1e-3])
     delta = -torch.rand(2, 3, generator=g) * 20 - 1
+    delta[1, 2] = 0.5
     for GM, GN in ((32, 16), (64, 64), (16, 32)):
         fa._ACP_GRID_OVERRIDE = (GM, GN)
         try:
-            lo, hi = fa._acp_coarse_tables(lf, delta, Tq, 16)
+            lo, hi = fa._acp_tables(lf, delta, Tq, 16)
         finally:
             fa._ACP_GRID_OVERRIDE = None
         lo_t, hi_t = fa._acp._tables_torch(lf, delta, Tq, GM, GN)
