@@ -23,5 +23,7 @@ def build_optimizer(model: nn.Module, optim_cfg) -> torch.optim.Optimizer:
         {"params": [params[n] for n in decay], "weight_decay": optim_cfg.weight_decay},
         {"params": [params[n] for n in no_decay], "weight_decay": 0.0},
     ]
+    # The fused (one-kernel) AdamW on GPUs: the foreach version's elementwise kernels were ~3% of a 760M step.
+    fused = all(p.is_cuda for p in params.values())
     # lr is set from the schedule before every step; 0 here so a forgotten update cannot go unnoticed.
-    return torch.optim.AdamW(groups, lr=0.0, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps)
+    return torch.optim.AdamW(groups, lr=0.0, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, fused=fused or None)
