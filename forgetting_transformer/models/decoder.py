@@ -47,9 +47,11 @@ def _chunk_loss(h, weight, labels, vocab_size):
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
 
 
-def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
+                          chunk_loss=_chunk_loss) -> torch.Tensor:
     """Per-token loss (B, T) of ``logits = h @ weight.T`` without holding fp32 logits for the whole sequence:
-    ``chunk`` tokens at a time, each chunk's logits recomputed in the backward pass."""
+    ``chunk`` tokens at a time, each chunk's logits recomputed in the backward pass. ``chunk_loss`` is the
+    per-chunk function (``training/parallel.py`` passes a compiled one, which fuses the upcast and softmax)."""
     V = weight.shape[0]
     # A vocabulary that is not a multiple of 8 (GPT-2's 50,257) leaves the logits' rows unaligned, and cuBLAS
     # falls back to pre-Hopper kernels (3x slower on an H200; ~17% of a 760M step). Zero rows pad the matmul;
@@ -57,12 +59,12 @@ def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.T
     if V % VOCAB_ALIGN:
         weight = F.pad(weight, (0, 0, 0, -V % VOCAB_ALIGN))
     if h.shape[1] <= chunk:
-        return _chunk_loss(h, weight, labels, V)
+        return chunk_loss(h, weight, labels, V)
     grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     parts = []
     for s in range(0, h.shape[1], chunk):
         args = (h[:, s : s + chunk], weight, labels[:, s : s + chunk], V)
-        parts.append(checkpoint(_chunk_loss, *args, use_reentrant=False) if grad else _chunk_loss(*args))
+        parts.append(checkpoint(chunk_loss, *args, use_reentrant=False) if grad else chunk_loss(*args))
     return torch.cat(parts, dim=1)
 
 
@@ -74,6 +76,7 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.chunk_loss = _chunk_loss  # LM head + cross-entropy of one chunk; training may swap in a compiled one
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -100,7 +103,7 @@ class DecoderLM(nn.Module):
         h = self.hidden_states(input_ids, **inference)
         if labels is None:
             return self.lm_head(h)  # (B, T, V)
-        return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk)  # (B, T)
+        return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk, self.chunk_loss)  # (B, T)
 
     def hidden_states(self, input_ids: torch.Tensor, *, cache=None, seq_start: torch.Tensor | None = None,
                       positions: torch.Tensor | None = None) -> torch.Tensor:
