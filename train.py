@@ -92,10 +92,10 @@ def main(cfg) -> None:
     train_data = LongCrawl64Dataset(data_dir / "train.zarr", cfg.data.seq_len, mb, rank=dist.rank,
                                     world_size=dist.world_size, shuffle=cfg.data.shuffle, seed=cfg.seed, **data_kw)
 
-    torch.manual_seed(cfg.seed)  # every rank builds the same initial weights; FSDP then keeps its shard
-    model = build_model(cfg.model)
+    with torch.device("meta"):  # shapes only: parallelize() allocates each rank's shard and initialises it
+        model = build_model(cfg.model)
     n_params, n_matmul = sum(p.numel() for p in model.parameters()), matmul_params(model)
-    model = parallelize(model, cfg.strategy, device, mixed)
+    model = parallelize(model, cfg.strategy, device, mixed, seed=cfg.seed)  # the weights of an eager CPU build
     optimizer = build_optimizer(model, cfg.optim)
     state = TrainState(model, optimizer, train_data)
     if cfg.resume and (ckpt := latest_checkpoint(ckpt_root)) is not None:

@@ -1,5 +1,6 @@
 """parallelize(): activation checkpointing and torch.compile change nothing numerically and keep checkpoint
-parameter names, so runs can switch them on and off across a resume."""
+parameter names, so runs can switch them on and off across a resume; it takes meta-device models only.
+Initialisation itself (eager-build weights on any device and sharding) is tests/training/test_init.py."""
 
 import copy
 
@@ -22,13 +23,17 @@ class NoData:
         pass
 
 
+CFG = OmegaConf.structured(ModelConfig(name="t", arch="decoder", vocab_size=61, n_layers=3, d_model=32,
+                                       head_dim=16, qk_norm=True, kv_shift=True, output_gate=True))
+
+
 def setup(**strategy):
+    """(an eager build, the same model built on meta and parallelized): the same weights."""
     torch.manual_seed(0)
-    cfg = OmegaConf.structured(ModelConfig(name="t", arch="decoder", vocab_size=61, n_layers=3, d_model=32,
-                                           head_dim=16, qk_norm=True, kv_shift=True, output_gate=True))
-    model = build_model(cfg)
-    reference = copy.deepcopy(model)
-    wrapped = parallelize(model, OmegaConf.structured(StrategyConfig(**strategy)), torch.device("cpu"), False)
+    reference = build_model(CFG)
+    with torch.device("meta"):
+        model = build_model(CFG)
+    wrapped = parallelize(model, OmegaConf.structured(StrategyConfig(**strategy)), torch.device("cpu"), False, seed=0)
     return reference, wrapped
 
 
@@ -65,3 +70,8 @@ def test_checkpoints_keep_plain_parameter_names(tmp_path):
     load_model_weights(plain, path)
     for (n, a), (_, b) in zip(plain.named_parameters(), reference.named_parameters()):
         assert torch.equal(a, b), n
+
+
+def test_a_materialised_model_is_refused():
+    with pytest.raises(ValueError, match=r"torch.device\('meta'\), but embed.weight is on cpu"):
+        parallelize(build_model(CFG), OmegaConf.structured(StrategyConfig()), torch.device("cpu"), False, seed=0)
