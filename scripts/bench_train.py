@@ -46,10 +46,10 @@ def bench(model_name, size, a, dist):
                                            f"strategy.activation_checkpointing={a.ac}",
                                            f"strategy.compile={str(a.compile).lower()}", *a.override])
     validate(cfg)
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
+    with torch.device("meta"):  # as in train.py: parallelize() allocates and initialises
+        model = build_model(cfg.model)
     n_matmul = matmul_params(model)
-    model = parallelize(model, cfg.strategy, dist.device, True)
+    model = parallelize(model, cfg.strategy, dist.device, True, seed=0)
     opt = build_optimizer(model, cfg.optim)
     for g in opt.param_groups:
         g["lr"] = 1e-4
