@@ -36,6 +36,13 @@ class ModelConfig:
     norm_eps: float = 1e-6
     init_std: float = 0.02
     loss_chunk: int = 4096  # tokens per chunk of the LM head + cross-entropy (bounds fp32 logits memory)
+    # fla baselines (arch fla_*, models/baselines.py; the decoder ignores these). Defaults: the paper's settings.
+    state_size: int = 128  # SSM state per head (Mamba-2) or per channel (Samba's Mamba: 16)
+    expand: int = 2  # Mamba / Mamba-2 inner width = expand * d_model
+    conv_size: int = 4  # causal short-convolution width (Mamba, Mamba-2, DeltaNet)
+    linear_head_dim: int = 128  # DeltaNet q/k/v head width; HGRN2 state expansion (d_model / it heads)
+    window_size: int = 2048  # sliding-window attention (fla_swa, fla_samba): keys per query, its own included
+    mamba_mlp_hidden_ratio: float = 2.0  # Samba: SwiGLU width after the Mamba layers (after attention: mlp_hidden_ratio)
 
 
 @dataclass
@@ -155,6 +162,31 @@ def _require(cond: bool, key: str, value: Any, why: str) -> None:
         raise ConfigError(f"invalid config: {key}={value!r}: {why}")
 
 
+def _validate_fla(m, n_heads: int) -> None:
+    """The fla baselines' keys (models/baselines.py)."""
+    for key in ("state_size", "expand", "window_size"):
+        _require(m[key] > 0, f"model.{key}", m[key], "must be > 0")
+    _require(m.conv_size >= 2, "model.conv_size", m.conv_size, "must be >= 2")
+    _require(m.mamba_mlp_hidden_ratio > 0, "model.mamba_mlp_hidden_ratio", m.mamba_mlp_hidden_ratio, "must be > 0")
+    if m.arch in ("fla_deltanet", "fla_hgrn2"):
+        _require(m.linear_head_dim > 0 and m.d_model % m.linear_head_dim == 0, "model.linear_head_dim",
+                 m.linear_head_dim, f"must divide model.d_model={m.d_model}")
+    if m.arch == "fla_mamba2":
+        _require(m.n_heads is None, "model.n_heads", m.n_heads,
+                 "must be null for fla_mamba2 (heads = model.expand * model.d_model / model.head_dim)")
+        _require(m.expand * m.d_model % m.head_dim == 0, "model.head_dim", m.head_dim,
+                 f"must divide model.expand * model.d_model = {m.expand * m.d_model}")
+    if m.arch in ("fla_swa", "fla_samba"):
+        _require(m.n_kv_heads is None or m.n_kv_heads == n_heads, "model.n_kv_heads", m.n_kv_heads,
+                 f"GQA is not implemented for {m.arch}; leave it null")
+    # The decoder's attention switches would be silently ignored: reject them.
+    _require(m.fgate == "none", "model.fgate", m.fgate, f"{m.arch} has no forget-gate attention; set none")
+    for key in ("qk_norm", "output_gate", "output_norm", "kv_shift"):
+        _require(not m[key], f"model.{key}", m[key], f"not implemented for {m.arch} (a decoder switch)")
+    if m.arch not in ("fla_swa", "fla_samba"):
+        _require(not m.rope, "model.rope", m.rope, f"{m.arch} has no attention layers to rotate")
+
+
 def validate(cfg) -> None:
     """Check values Hydra's types cannot; every error names the offending key and value."""
     from omegaconf import OmegaConf
@@ -187,6 +219,8 @@ def validate(cfg) -> None:
                  list(m.fgate_init), "must be [T_min, T_max] with 1 < T_min <= T_max")
     _require(m.rope_base > 0, "model.rope_base", m.rope_base, "must be > 0")
     _require(not m.rope or m.head_dim % 2 == 0, "model.head_dim", m.head_dim, "must be even with model.rope")
+    if m.arch.startswith("fla_"):
+        _validate_fla(m, n_heads)
     _require(m.vocab_size == d.vocab_size, "model.vocab_size", m.vocab_size,
              f"must equal data.vocab_size={d.vocab_size}")
     _require(0 <= d.bos_id < d.vocab_size, "data.bos_id", d.bos_id, f"must be in [0, data.vocab_size={d.vocab_size})")

@@ -28,6 +28,8 @@ from forgetting_transformer.models import build_model  # noqa: E402
 
 MODELS = ["fox_llama", "fox_pro", "transformer_llama", "transformer_pro", "fox_pro_rope",
           "fox_pro_data_independent", "fox_pro_fixed"]
+# The fla baselines (docs/baselines.md); building them needs flash-linear-attention.
+BASELINES = ["mamba2", "deltanet", "hgrn2", "samba", "transformer_swa"]
 SIZES = {"125m": 125e6, "360m": 360e6, "760m": 760e6}
 
 
@@ -46,7 +48,7 @@ def count(model_name: str, size: str, overrides=()) -> tuple[int, int]:
 def table() -> str:
     lines = ["| model | size | non-embedding | total | vs nominal |", "|---|---|---:|---:|---:|"]
     for size, nominal in SIZES.items():
-        for name in MODELS:
+        for name in MODELS + BASELINES:
             non_emb, total = count(name, size)
             lines.append(f"| {name} | {size} | {non_emb / 1e6:.1f}M | {total / 1e6:.1f}M | "
                          f"{100 * (non_emb / nominal - 1):+.1f}% |")
