@@ -73,6 +73,7 @@ def _import_fla():
         with _quiet_fla():
             import fla
             from fla import layers, modules
+            from fla.layers import mamba as mamba_module
             from fla.modules import layernorm_gated
             from fla.ops.attn.parallel import parallel_attn
             from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
@@ -86,7 +87,8 @@ def _import_fla():
         _autotune_first_config()
     norms = (modules.RMSNorm, layernorm_gated.RMSNormGated, modules.FusedRMSNormGated)
     return dict(layers=layers, norms=norms, parallel_attn=parallel_attn, chunk_simple_gla=chunk_simple_gla,
-                fused_recurrent_simple_gla=fused_recurrent_simple_gla)
+                fused_recurrent_simple_gla=fused_recurrent_simple_gla,
+                mamba_fast_path=mamba_module.is_fast_path_available)
 
 
 def _autotune_first_config() -> None:
@@ -236,9 +238,14 @@ class FlaLM(nn.Module):
         fla = _import_fla()
         self.cfg = cfg
         self._norm_types = (RMSNorm, *fla["norms"])
+        self._mamba_type = fla["layers"].Mamba
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         with _quiet_fla():
             self.blocks = nn.ModuleList(_build_blocks(cfg, fla))
+        if cfg.arch == "fla_samba" and not fla["mamba_fast_path"]:
+            warnings.warn("fla_samba: mamba_ssm / causal_conv1d are not installed, so fla's Mamba layers run a "
+                          "sequential PyTorch scan over the tokens: fine for tests, far too slow for pretraining "
+                          "(docs/baselines.md)", stacklevel=2)
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
@@ -260,7 +267,7 @@ class FlaLM(nn.Module):
         for m in self.modules():
             if hasattr(m, "reset_special_parameters"):
                 m.reset_special_parameters()
-            elif type(m).__name__ == "Mamba" and type(m).__module__.startswith("fla."):
+            elif isinstance(m, self._mamba_type):
                 _reset_mamba(m)
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:

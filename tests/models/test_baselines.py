@@ -25,12 +25,20 @@ from forgetting_transformer.models import baselines, build_model
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Relative L2 error allowed between two fp32 computations of the same thing: exact-ish on the CPU (the
+# interpreter computes in NumPy fp32); on a GPU, Triton's fp32 dots use TF32 (10-bit mantissa).
+REL_TOL = 1e-5 if DEVICE == "cpu" else 5e-3
 V, T = 128, 32
 # Tiny and cheap under the interpreter: its cost grows with heads x batch x tokens.
 TINY = ["model.n_layers=2", "model.d_model=64", "model.head_dim=32", "model.linear_head_dim=32",
         "model.window_size=12", "model.state_size=16", f"data.prepare.vocab_size={V}"]
 BASELINES = {"mamba2": ["model.n_layers=1"], "deltanet": [], "hgrn2": [], "samba": [], "transformer_swa": []}
 register_configs()
+
+
+def assert_rel_close(actual, expected, tol):
+    rel = ((actual.double() - expected.double()).norm() / expected.double().norm()).item()
+    assert rel < tol, f"relative error {rel:.2e} > {tol:.0e}"
 
 
 def config(name, *overrides):
@@ -121,9 +129,8 @@ def test_mamba2_scan_matches_flas_naive_ssd():
     with torch.no_grad():
         layer.A_log.uniform_(-1, 1)  # decays from fast to slow, so the gate's sign and scale matter
     h = torch.randn(2, 40, 32, device=DEVICE)
-    ours = layer(h)
-    reference = fla_layers.Mamba2.forward(layer, h)[0]
-    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        assert_rel_close(layer(h), fla_layers.Mamba2.forward(layer, h)[0], REL_TOL)
 
 
 def test_sliding_window_attention_matches_masked_sdpa():
@@ -140,7 +147,7 @@ def test_sliding_window_attention_matches_masked_sdpa():
         band = (j <= i) & (i - j < 8)  # each query sees itself and the 7 keys before it
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=band)
         reference = attn.o_proj(o.transpose(1, 2).reshape(2, 40, 64))
-    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+    assert_rel_close(ours, reference, REL_TOL)
 
 
 def test_token_id_out_of_range_names_the_key():
@@ -228,19 +235,32 @@ def test_gpu_chunked_kernels_match_the_recurrent_ones(name):
             assert block.mixer.mode == "chunk"
             block.mixer.mode = "fused_recurrent"
         recurrent = model(x)
-    torch.testing.assert_close(chunked, recurrent, rtol=2e-3, atol=2e-3)
+    assert_rel_close(chunked, recurrent, REL_TOL)
 
 
-def _bf16_training(name, seq_len, steps=6):
+def markov_batch(batch, seq_len, device, seed=0):
+    """Tokens from a first-order Markov chain with 3 successors per token: learnable within a few steps (the
+    achievable loss is ~log 3, against log V at init), unlike uniform random tokens."""
+    g = torch.Generator().manual_seed(seed)
+    successors = torch.randint(0, V, (V, 3), generator=g)
+    x = torch.empty(batch, seq_len, dtype=torch.long)
+    x[:, 0] = torch.randint(0, V, (batch,), generator=g)
+    choice = torch.randint(0, 3, (batch, seq_len), generator=g)
+    for t in range(1, seq_len):
+        x[:, t] = successors[x[:, t - 1], choice[:, t]]
+    return x.to(device)
+
+
+def bf16_training_losses(name, seq_len, steps=10, device="cuda"):
     torch.manual_seed(0)
     model = build_model(config(name, "model.d_model=256", "model.head_dim=64", "model.linear_head_dim=128",
-                              "model.window_size=256").model).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    x = torch.randint(0, V, (2, seq_len), device="cuda")
+                              "model.window_size=256").model).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    x = markov_batch(2, seq_len + 1, device)
     losses = []
     for _ in range(steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(x, x.roll(-1, 1)).mean()
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            loss = model(x[:, :-1], x[:, 1:]).mean()
         loss.backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
         opt.step()
@@ -252,9 +272,12 @@ def _bf16_training(name, seq_len, steps=6):
 @gpu
 @pytest.mark.parametrize("name", list(BASELINES))
 def test_gpu_bf16_training_fits_a_batch(name):
-    losses = _bf16_training(name, 512 if name == "samba" else 2048)  # Samba's Mamba: sequential scan (no mamba_ssm)
-    print(name, losses)
-    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 0.5, losses
+    # Samba's Mamba layers run fla's sequential PyTorch scan without mamba_ssm: a shorter sequence.
+    losses = bf16_training_losses(name, 512 if name == "samba" else 2048)
+    print(name, [round(v, 3) for v in losses])
+    # A model that learns nothing stays at ~log V = 4.85; the chain allows ~log 3. (A CPU run of transformer_swa at
+    # 256 tokens: 4.91 -> 4.09, with one spike on the way, hence the best of the last three.)
+    assert all(math.isfinite(v) for v in losses) and min(losses[-3:]) < losses[0] - 0.3, losses
 
 
 @gpu
@@ -265,7 +288,7 @@ def test_gpu_mamba2_chunked_scan_matches_flas_naive_ssd_at_length():
                                           conv_kernel=4, chunk_size=128).cuda()
     h = torch.randn(1, 1000, 256, device="cuda")
     with torch.no_grad():
-        torch.testing.assert_close(layer(h), fla_layers.Mamba2.forward(layer, h)[0], rtol=2e-3, atol=2e-3)
+        assert_rel_close(layer(h), fla_layers.Mamba2.forward(layer, h)[0], REL_TOL)
 
 
 @gpu
@@ -283,5 +306,4 @@ def test_gpu_sliding_window_attention_bf16_matches_sdpa():
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=(j <= i) & (i - j < 256))
         reference = attn.o_proj(o.transpose(1, 2).reshape(2, 2048, 512)).float()
-    rel = ((ours - reference).norm() / reference.norm()).item()
-    assert rel < 2e-2, rel
+    assert_rel_close(ours, reference, 2e-2)  # bf16 inputs and outputs
