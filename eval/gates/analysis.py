@@ -33,9 +33,11 @@ def check_indices(option: str, values, n: int, what: str) -> None:
     """Every value must index one of ``n`` layers / heads; the error names the option and the value."""
     if not values:
         raise ValueError(f"{option}: empty; give at least one index")
-    for v in values:
+    for i, v in enumerate(values):
         if not 0 <= v < n:
             raise ValueError(f"{option}: {v} is out of range: the model has {n} {what} (0..{n - 1})")
+        if v in values[:i]:
+            raise ValueError(f"{option}: {v} is given twice")
 
 
 def has_forget_gate(model) -> bool:

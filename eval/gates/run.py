@@ -132,8 +132,7 @@ def analyze(model, input_ids: torch.Tensor, out_dir, *, layers=None, heads=None,
     hooked = list(range(n_layers)) if "acp" in what else layers
     captured = analysis.capture(model, input_ids, hooked)
 
-    maps = {"F": [], "A": []}
-    log_fs, acp_layers = [], []
+    maps, log_fs, acp_layers = {}, {}, []  # maps[key][layer], log_fs[layer]: stacked in the order of `layers`
     for layer in tqdm(hooked, desc="gate analysis", unit="layer", disable=not progress):
         x, out = captured.pop(layer)
         q, k, v, log_f = analysis.project(mods[layer], x)
@@ -141,9 +140,9 @@ def analyze(model, input_ids: torch.Tensor, out_dir, *, layers=None, heads=None,
         if want_maps and layer in layers:
             mats = analysis.head_matrices(q, k, log_f, heads, gates="F" in what, attention="A" in what)
             for key, m in mats.items():
-                maps[key].append(m.float().cpu().numpy())
+                maps.setdefault(key, {})[layer] = m.float().cpu().numpy()
             if log_f is not None:
-                log_fs.append(log_f[0].cpu().numpy())
+                log_fs[layer] = log_f[0].cpu().numpy()
         analysis.check_layer(mods[layer], layer, x, out, q, k, v, log_f, heads, mats.get("A"))
         if "acp" in what:
             acp_layers.append({"layer": layer, **analysis.acp_layer_stats(mods[layer], q, k, log_f, block=block,
@@ -156,9 +155,9 @@ def analyze(model, input_ids: torch.Tensor, out_dir, *, layers=None, heads=None,
               "n_layers": n_layers, "n_heads": n_heads, "what": list(what)}
     files["json"].write_text(json.dumps(record, indent=1))
     if want_maps:
-        arrays = {k: np.stack(v) for k, v in maps.items() if v}
-        if log_fs:
-            arrays["log_fgate"] = np.stack(log_fs)  # (layers, T, H): F of any head can be rebuilt from it
+        arrays = {k: np.stack([m[layer] for layer in layers]) for k, m in maps.items()}
+        if log_fs:  # (layers, T, H): F of any head can be rebuilt from it
+            arrays["log_fgate"] = np.stack([log_fs[layer] for layer in layers])
         files["npz"] = out_dir / "gates.npz"
         np.savez_compressed(files["npz"], layers=np.array(layers), heads=np.array(heads), **arrays)
         files["gates_png"] = plot_gates(out_dir, out_dir / "gates.png")

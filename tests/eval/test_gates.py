@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from eval.common import load_run
 from eval.gates import analysis, plot, run
 from forgetting_transformer.config import ModelConfig
 from forgetting_transformer.models import build_model
@@ -47,6 +48,7 @@ def ids(T, seed=1):
     return torch.randint(0, 97, (1, T), generator=torch.Generator().manual_seed(seed))
 
 
+@torch.no_grad()
 def direct_gates(attn, x):
     """f (T, H) float64 computed from the gate's parameters directly (not through ForgetGate.forward)."""
     if attn.fgate.kind == "data_dependent":
@@ -201,6 +203,8 @@ def test_errors_name_the_value(tmp_path):
         run.analyze(fox, ids(16), tmp_path / "x", layers=[0, 5], progress=False)
     with pytest.raises(ValueError, match=r"--heads: -1 is out of range: the model has 4 heads"):
         run.analyze(fox, ids(16), tmp_path / "x", heads=[-1], progress=False)
+    with pytest.raises(ValueError, match=r"--heads: 2 is given twice"):
+        run.analyze(fox, ids(16), tmp_path / "x", heads=[2, 1, 2], progress=False)
     with pytest.raises(ValueError, match=r"--block '64y': expected"):
         run.parse_block("64y")
     assert run.parse_block("64") == (64, 64) and run.parse_block("32x128") == (32, 128)
@@ -238,6 +242,11 @@ def test_cli_on_a_trained_run_and_replot(tiny_text_run, tmp_path):
     assert F.shape == A.shape == (2, 1, 96, 96) and log_f.shape == (2, 96, 2)
     c = np.cumsum(log_f[0, :, 1].astype(np.float64))  # layer 1, head 1: F rebuilt from the saved gates
     np.testing.assert_allclose(F[0, 0], np.tril(np.exp(c[:, None] - c[None, :])), rtol=1e-5, atol=1e-30)
+    # the arrays follow the order of --layers: F[0] is layer 1's, computed here from its gates directly
+    model = load_run(tiny_text_run)[0]
+    x, _ = analysis.capture(model, torch.tensor([rec["input_ids"]]), [1])[1]
+    np.testing.assert_allclose(F[0, 0], direct_F(direct_gates(model.blocks[1].attn, x)[:, 1]).numpy(), rtol=1e-4,
+                               atol=1e-30)
     np.testing.assert_allclose(A.sum(-1), 1.0, rtol=1e-5)
     assert np.all(np.triu(A[0, 0], 1) == 0)
     acp_rec = json.loads((out / "acp.json").read_text())

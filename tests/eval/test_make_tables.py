@@ -108,7 +108,8 @@ def ablation_inputs(tmp_path):
     # eval.per_token_loss.run output for a Transformer (LLaMA) run: the config is found through 'checkpoint'
     tf = run_dir(tmp_path, "tf", dict(rope=True, fgate="none", **LLAMA), None)
     ptl = tmp_path / "ptl_tf.json"
-    ptl.write_text(json.dumps({"name": "transformer_llama (tf)", "checkpoint": str(tf / "checkpoints" / "step_00000004"),
+    ptl.write_text(json.dumps({"name": "transformer_llama (tf)",
+                               "checkpoint": str(tf / "checkpoints" / "step_00000004"),
                                "loss": [math.log(7.49) - 0.1, math.log(7.49) + 0.1, math.log(7.49) - 0.2,
                                         math.log(7.49) + 0.2]}))
     # train.py's per_token_loss.json inside a run dir, with an explicit row label
