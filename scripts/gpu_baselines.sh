@@ -40,6 +40,11 @@ for name in ("torch", "triton", "fla", "einops", "transformers", "hydra", "omega
         print(name, "MISSING:", repr(e))
 EOF
 
+# fla's layers import transformers (an fla dependency): without it every model fails; say so up front.
+if ! python3 -c "import fla.layers" > "$OUTDIR/fla_import.log" 2>&1; then
+  echo "fla.layers does not import ($(tail -1 "$OUTDIR/fla_import.log")): every baseline will fail" | tee -a "$SUMMARY"
+fi
+
 time_left() { [ $(( $(date +%s) - START )) -lt "$BUDGET_S" ]; }
 
 # Runs the tests selected by -k "$2" into $OUTDIR/tests_$1.log; prints PASS/FAIL with pytest's count line.

@@ -25,6 +25,7 @@ import functools
 import logging
 import math
 import os
+import sys
 import warnings
 
 import torch
@@ -83,12 +84,25 @@ def _import_fla():
     if fla.__version__ != FLA_VERSION:
         warnings.warn(f"fla {fla.__version__} is installed; the baselines were written and tested against "
                       f"{FLA_VERSION} ({INSTALL_HINT})", stacklevel=3)
+    _restore_fox_auto_classes()
     if _interpreting():
         _autotune_first_config()
     norms = (modules.RMSNorm, layernorm_gated.RMSNormGated, modules.FusedRMSNormGated)
     return dict(layers=layers, norms=norms, parallel_attn=parallel_attn, chunk_simple_gla=chunk_simple_gla,
                 fused_recurrent_simple_gla=fused_recurrent_simple_gla,
                 mamba_fast_path=mamba_module.is_fast_path_available)
+
+
+def _restore_fox_auto_classes() -> None:
+    """Importing fla registers fla's own FoX under the model type ``forgetting_transformer`` with transformers'
+    ``AutoConfig``, the type our ``models/hf.py`` registers: had hf been imported first, ``from_pretrained`` of our
+    exports would now build fla's model. Put ours back (if hf is imported later, its registration wins anyway)."""
+    hf = sys.modules.get(f"{__package__}.hf")
+    if hf is not None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        AutoConfig.register(hf.MODEL_TYPE, hf.FoXConfig, exist_ok=True)
+        AutoModelForCausalLM.register(hf.FoXConfig, hf.FoXForCausalLM, exist_ok=True)
 
 
 def _autotune_first_config() -> None:

@@ -27,7 +27,7 @@ CONFIGS = ROOT / "configs"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Relative L2 error allowed between two fp32 computations of the same thing: exact-ish on the CPU (the
 # interpreter computes in NumPy fp32); on a GPU, Triton's fp32 dots use TF32 (10-bit mantissa).
-REL_TOL = 1e-5 if DEVICE == "cpu" else 5e-3
+REL_TOL = 1e-5 if DEVICE == "cpu" else 1e-2
 V, T = 128, 32
 # Tiny and cheap under the interpreter: its cost grows with heads x batch x tokens.
 TINY = ["model.n_layers=2", "model.d_model=64", "model.head_dim=32", "model.linear_head_dim=32",
@@ -192,6 +192,21 @@ def test_models_import_without_fla_and_building_one_says_how_to_install():
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "IMPORT_ERROR" in res.stdout and "pip install flash-linear-attention==0.6.0 fla-core==0.6.0" in res.stdout
+
+
+def test_building_a_baseline_keeps_our_hf_auto_classes():
+    # fla's import registers its own "forgetting_transformer" model type with transformers; ours must stay.
+    code = ("import forgetting_transformer.models.hf as hf\n"
+            "from transformers import AutoConfig\n"
+            "from forgetting_transformer.config import ModelConfig\n"
+            "from forgetting_transformer.models import build_model\n"
+            "build_model(ModelConfig(name='x', arch='fla_hgrn2', vocab_size=8, n_layers=1, d_model=64, "
+            "linear_head_dim=64, fgate='none'))\n"
+            "import fla.models\n"  # fla's registration has run
+            "print('OURS', type(AutoConfig.for_model(hf.MODEL_TYPE)) is hf.FoXConfig)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "OURS True" in res.stdout
 
 
 def test_train_py_runs_a_baseline(markov_data_dir, tmp_path):
