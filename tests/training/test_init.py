@@ -3,7 +3,8 @@ initialised, has bit for bit the parameters, buffers and generator state of an e
 (``torch.manual_seed(seed); build_model(cfg)``, the path runs took before), also FSDP-sharded over 2 gloo ranks;
 a tensor that ``reset_parameters()`` leaves alone is reported; a 760M model builds on meta without memory.
 
-Run as a script under torchrun, this file is the FSDP worker of ``test_fsdp_two_ranks_gather_the_eager_weights``.
+Run as a script under torchrun, this file is the FSDP worker of
+``test_fsdp_two_ranks_gather_the_single_process_weights``.
 """
 
 import os
@@ -96,17 +97,28 @@ def test_a_model_without_reset_parameters_is_refused():
         init_weights(model, CPU, seed=0)
 
 
-def test_760m_builds_on_meta_without_memory():
+def compose_cfg(*overrides):
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=["model/size=760m", "data=longcrawl64", "data.data_dir=unused"])
+        return compose("config", overrides=list(overrides))
+
+
+def test_760m_builds_on_meta_without_memory():
+    cfg = compose_cfg("model/size=760m", "data=longcrawl64", "data.data_dir=unused")
     model = on_meta(cfg.model)
     assert (cfg.model.n_layers, cfg.model.d_model) == (24, 1536)
     assert sum(p.numel() for p in model.parameters()) > 8e8  # docs/params.md: 836.6M
     assert all(t.is_meta for t in tensors(model).values())
 
 
-def fsdp_worker(out: Path) -> None:
+TINY = ("data.vocab_size=61", "data.bos_id=0", "model.head_dim=16")
+FSDP_MODELS = {  # the decoder with its buffer; Mamba-2, whose fla layers draw at construction and in reset_parameters
+    "fox_pro_fixed": ("model=fox_pro_fixed", "model.n_layers=2", "model.d_model=48", *TINY),
+    "mamba2": ("model=mamba2", "model.n_layers=1", "model.d_model=64", "model.state_size=16", *TINY),
+}
+
+
+def fsdp_worker(out: Path, model_name: str) -> None:
     """Under torchrun (2 gloo ranks): build on meta, parallelize with FSDP2 and full activation checkpointing,
     then rank 0 saves the gathered weights, the per-rank shard sizes, a loss and the generator state."""
     import torch.distributed as dist
@@ -114,7 +126,7 @@ def fsdp_worker(out: Path) -> None:
 
     dist.init_process_group("gloo")
     strategy = OmegaConf.structured(StrategyConfig(name="fsdp", activation_checkpointing="full"))
-    model = parallelize(on_meta(tiny(**VARIANTS["fixed_gate_buffer"])), strategy, CPU, False, seed=3)
+    model = parallelize(on_meta(compose_cfg(*FSDP_MODELS[model_name]).model), strategy, CPU, False, seed=3)
     full, local = {}, torch.zeros(2, dtype=torch.long)
     for name, t in tensors(model).items():
         full[name.replace("._checkpoint_wrapped_module", "")] = t.full_tensor() if isinstance(t, DTensor) else t
@@ -127,14 +139,21 @@ def fsdp_worker(out: Path) -> None:
     dist.destroy_process_group()
 
 
-def test_fsdp_two_ranks_gather_the_eager_weights(tmp_path):
+@pytest.mark.parametrize("model_name", FSDP_MODELS)
+def test_fsdp_two_ranks_gather_the_single_process_weights(model_name, tmp_path):
+    if model_name == "mamba2":
+        pytest.importorskip("fla", reason="the fla baselines need flash-linear-attention")
     out = tmp_path / "fsdp.pt"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          __file__, str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          __file__, str(out), model_name], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     got = torch.load(out)
-    reference, rng = eager(tiny(**VARIANTS["fixed_gate_buffer"]), seed=3)
+    # One process on the CPU: for the decoder, the eager build's weights (test above).
+    reference = on_meta(compose_cfg(*FSDP_MODELS[model_name]).model)
+    init_weights(reference, CPU, seed=3)
+    rng = torch.get_rng_state()
     expected = tensors(reference)
     assert got["tensors"].keys() == expected.keys()
     for name, t in got["tensors"].items():
@@ -148,4 +167,4 @@ def test_fsdp_two_ranks_gather_the_eager_weights(tmp_path):
 
 
 if __name__ == "__main__":
-    fsdp_worker(Path(sys.argv[1]))
+    fsdp_worker(Path(sys.argv[1]), sys.argv[2])

@@ -24,16 +24,21 @@ SETTINGS = {  # preset suffix: (size, n_layers, d_model, tokens the paper names,
 # Peak learning rates. 760M/48B: FoX paper (ICLR slides, "Comments on Optimal Hyperparameters"). The three
 # smaller settings: ACP paper Table 2 for FoX (Pro); the papers we have give none for the other models (the FoX
 # slides: the model-size experiments used the Transformer (LLaMA) learning rates), so those come from the
-# authors' configs (zhixuan-lin/forgetting-transformer), which use the same value for every model.
+# authors' configs (zhixuan-lin/forgetting-transformer), which use the same value for every model. Samba and the
+# sliding-window Transformer: 760M/16B only, also from the authors' configs.
 LR_SMALL = {"125m_2.7b": 2e-3, "360m_7.5b": 2e-3, "760m_16b": 1e-3}
-LR_48B = {"fox_pro": 2e-3, "transformer_pro": 1e-3, "fox_llama": 1e-3, "transformer_llama": 5e-4}
+LR_48B = {"fox_pro": 2e-3, "transformer_pro": 1e-3, "fox_llama": 1e-3, "transformer_llama": 5e-4,
+          "mamba2": 2e-3, "hgrn2": 2e-3, "deltanet": 1e-3}
 PAPER = {f"{model}_{setting}": (model, setting, LR_48B[model] if setting == "760m_48b" else LR_SMALL[setting])
          for model in LR_48B for setting in SETTINGS}
+PAPER |= {f"{model}_760m_16b": (model, "760m_16b", 1e-3) for model in ("samba", "transformer_swa")}
 
 
-def head_dim(model: str, size: str) -> int:
-    # FoX slides: 760M models use heads of 64 for FoX and 128 for the Transformer; 64 at the smaller sizes.
-    return 128 if model.startswith("transformer") and size == "760m" else 64
+def head_dims(model: str, size: str) -> tuple[int, int]:
+    """(head_dim, linear_head_dim). FoX slides: 760M models use heads of 64 for FoX and 128 for the Transformer;
+    the authors' configs: heads of 128 for Samba's and SWA's attention, DeltaNet and HGRN2 (state expansion)."""
+    wide = model in ("samba", "transformer_swa") or (model.startswith("transformer") and size == "760m")
+    return 128 if wide else 64, 128
 
 
 def test_every_preset_is_in_the_table_and_back():
@@ -48,7 +53,8 @@ def test_preset_matches_the_paper(name):
         cfg = compose("config", overrides=[f"experiment=longcrawl64/{name}", "data.data_dir=/data/longcrawl64"])
     validate(cfg)
     assert cfg.model.name == model and cfg.strategy.name == "fsdp" and cfg.data.name == "longcrawl64"
-    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.head_dim) == (n_layers, d_model, head_dim(model, size))
+    assert (cfg.model.n_layers, cfg.model.d_model) == (n_layers, d_model)
+    assert (cfg.model.head_dim, cfg.model.linear_head_dim) == head_dims(model, size)
     assert cfg.data.seq_len == SEQ_LEN and cfg.train.batch_size * cfg.data.seq_len == TOKENS_PER_STEP
     assert cfg.schedule.warmup_tokens == WARMUP and cfg.schedule.min_lr_ratio == 0.0
     assert cfg.schedule.total_tokens == exact_tokens
