@@ -159,11 +159,12 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, g = _attn_fwd_inner(
             acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
             n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, IEEE)
-    for it in range(0, n_smasked):
-        n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
-        acc, l_i, m_i, g = _attn_fwd_inner(
-            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, IEEE)
+    if HAS_START or HAS_LO:  # (compiled out of the dense kernel)
+        for it in range(0, n_smasked):
+            n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
+            acc, l_i, m_i, g = _attn_fwd_inner(
+                acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+                n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, IEEE)
 
     l_ok = l_i > 0.0
     o = acc / tl.where(l_ok, l_i, 1.0)[:, None]
@@ -281,11 +282,12 @@ def _attn_bwd_dq_kernel(
         dq, rowsum, g = _attn_bwd_dq_inner(
             dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
             n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, IEEE)
-    for it in range(0, n_smasked):
-        n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
-        dq, rowsum, g = _attn_bwd_dq_inner(
-            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, IEEE)
+    if HAS_START or HAS_LO:
+        for it in range(0, n_smasked):
+            n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
+            dq, rowsum, g = _attn_bwd_dq_inner(
+                dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+                n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, IEEE)
 
     DQ_base = DQ + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh  # DQ shares q's (contiguous) strides
     tl.store(DQ_base + offs_m[:, None] * sqt + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
@@ -426,11 +428,12 @@ def _attn_bwd_dkdv_kernel(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
                 KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
                 ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, IEEE)
-        for mb in range(mb_end, mb_hi + 1):
-            dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
-                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE)
+        if HAS_HI:
+            for mb in range(mb_end, mb_hi + 1):
+                dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
+                    dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
+                    KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                    ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE)
         # DCOL is (B, Tk, H) contiguous
         tl.store(DCOL + (b.to(tl.int64) * Tk + pos_k) * H + h, colsum, mask=k_ok)
 
