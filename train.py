@@ -33,8 +33,8 @@ from forgetting_transformer.training.checkpoint import TrainState, latest_checkp
 from forgetting_transformer.training.distributed import (broadcast_from_main, init_distributed, mean_across_ranks,
                                                          shutdown)
 from forgetting_transformer.training.evaluate import autocast_context, heldout_loss, per_token_loss
-from forgetting_transformer.training.metrics import (MetricsLogger, flops_per_token, matmul_params, peak_flops,
-                                                     peak_memory_gib)
+from forgetting_transformer.training.metrics import (MetricsLogger, attention_context, flops_per_token, matmul_params,
+                                                     peak_flops, peak_memory_gib)
 from forgetting_transformer.training.optim import build_optimizer
 from forgetting_transformer.training.parallel import autocast_needed, parallelize, set_grad_sync
 from forgetting_transformer.training.preemption import PREEMPTED_EXIT_CODE, PreemptionFlag
@@ -109,7 +109,8 @@ def main(cfg) -> None:
     if train.max_steps is not None:
         total_steps = min(total_steps, train.max_steps)
     head_dim, n_heads, _ = resolve_heads(cfg.model)
-    flops_tok = flops_per_token(n_matmul, cfg.model.n_layers, n_heads, head_dim, cfg.data.seq_len)
+    attn_layers, attn_keys = attention_context(cfg.model, cfg.data.seq_len)  # softmax-attention layers, keys/query
+    flops_tok = flops_per_token(n_matmul, attn_layers, n_heads, head_dim, attn_keys)
     peak = peak_flops(device, train.peak_tflops)
     metrics.say(f"model {cfg.model.name}: {n_params / 1e6:.2f}M parameters | {cfg.strategy.name} on {dist.world_size}"
                 f" x {device.type} | bf16 {mixed} | {total_steps} steps of {tokens_per_step:,} tokens "

@@ -75,6 +75,11 @@ def to_hf(model, cfg):
     """Wrap a trained ``DecoderLM`` as ``FoXForCausalLM`` (same weights) so evaluations can call ``generate``."""
     from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
 
+    if cfg.model.arch != "decoder":
+        raise NotImplementedError(
+            f"model.arch={cfg.model.arch} ({cfg.model.name}) has no decoding cache: generation-based evaluations "
+            "(needle-in-a-haystack, LongBench, LM-eval-harness, Hugging Face export) support the decoder models "
+            "only; held-out and per-token loss work for every model")
     hf = FoXForCausalLM(FoXConfig.from_model_config(cfg.model))
     hf.model.load_state_dict(model.state_dict())  # strict: the parameter names map 1:1
     bos = int(cfg.data.bos_id)

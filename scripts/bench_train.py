@@ -32,7 +32,7 @@ from forgetting_transformer.config import register_configs, validate  # noqa: E4
 from forgetting_transformer.models import build_model, resolve_heads  # noqa: E402
 from forgetting_transformer.training.distributed import init_distributed, mean_across_ranks, shutdown  # noqa: E402
 from forgetting_transformer.training.evaluate import autocast_context  # noqa: E402
-from forgetting_transformer.training.metrics import (flops_per_token, matmul_params, peak_flops,  # noqa: E402
+from forgetting_transformer.training.metrics import (attention_context, flops_per_token, matmul_params, peak_flops,  # noqa: E402
                                                      peak_memory_gib)
 from forgetting_transformer.training.optim import build_optimizer  # noqa: E402
 from forgetting_transformer.training.parallel import autocast_needed, parallelize  # noqa: E402
@@ -82,7 +82,8 @@ def bench(model_name, size, a, dist):
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.profile))
     dt = mean_across_ranks(dt).item()
     head_dim, n_heads, _ = resolve_heads(cfg.model)
-    fpt = flops_per_token(n_matmul, cfg.model.n_layers, n_heads, head_dim, a.seq_len)
+    attn_layers, attn_keys = attention_context(cfg.model, a.seq_len)
+    fpt = flops_per_token(n_matmul, attn_layers, n_heads, head_dim, attn_keys)
     tok_s_dev = a.micro_batch * a.seq_len / dt
     peak = peak_flops(dist.device)
     return dict(model=model_name, size=size, tok_s=tok_s_dev * dist.world_size, tok_s_dev=tok_s_dev,

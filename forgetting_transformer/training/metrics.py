@@ -21,12 +21,26 @@ PEAK_BF16_FLOPS = (
 
 
 def flops_per_token(n_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int) -> float:
-    """Training FLOPs per token, PaLM's definition (Chowdhery et al. 2022, App. B): ``6 N + 12 L H Q T``.
+    """Training FLOPs per token, PaLM's definition (Chowdhery et al. 2022, App. B): ``6 N + 12 L H Q T``
+    (``L``, ``T``: softmax-attention layers and keys per query, see ``attention_context``).
 
     ``N`` counts the parameters that do matmul work (all but the input embedding table); the attention term is
     PaLM's, not halved for causality, so MFU is comparable with PaLM/torchtitan figures.
     """
     return 6 * n_params + 12 * n_layers * n_heads * head_dim * seq_len
+
+
+def attention_context(model_cfg, seq_len: int) -> tuple[int, int]:
+    """(softmax-attention layers, keys per query) for the attention term of ``flops_per_token``: every layer over
+    the whole context for the decoder models (FoX, Transformer); the sliding-window layers of ``fla_swa`` (all)
+    and ``fla_samba`` (every other one) over ``min(T, window)``; none for the linear-recurrent baselines, whose
+    chunked state updates are not counted (their MFU is a lower bound)."""
+    if model_cfg.arch == "decoder":
+        return model_cfg.n_layers, seq_len
+    if model_cfg.arch in ("fla_swa", "fla_samba"):
+        layers = model_cfg.n_layers if model_cfg.arch == "fla_swa" else model_cfg.n_layers // 2
+        return layers, min(seq_len, model_cfg.window_size)
+    return 0, seq_len
 
 
 def matmul_params(model: torch.nn.Module) -> int:

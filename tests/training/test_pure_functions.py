@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from eval.per_token_loss.plot import cumulative_average, moving_average
-from forgetting_transformer.training.metrics import MetricsLogger, flops_per_token, matmul_params, peak_flops
+from forgetting_transformer.training.metrics import (MetricsLogger, attention_context, flops_per_token, matmul_params,
+                                                     peak_flops)
 from forgetting_transformer.training.optim import build_optimizer, decay_split
 from forgetting_transformer.training.schedule import warmup_cosine_lr
 
@@ -39,6 +40,17 @@ def test_flops_per_token_palm_definition():
     assert flops_per_token(10**6, 2, 4, 16, 128) == 6 * 10**6 + 12 * 2 * 4 * 16 * 128
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3))
     assert matmul_params(model) == 4 * 3 + 3
+
+
+def test_attention_context_per_architecture():
+    from types import SimpleNamespace as C
+
+    assert attention_context(C(arch="decoder", n_layers=24), 16384) == (24, 16384)
+    assert attention_context(C(arch="fla_swa", n_layers=24, window_size=2048), 16384) == (24, 2048)
+    assert attention_context(C(arch="fla_swa", n_layers=24, window_size=2048), 1024) == (24, 1024)
+    assert attention_context(C(arch="fla_samba", n_layers=24, window_size=2048), 16384) == (12, 2048)
+    for arch in ("fla_mamba2", "fla_deltanet", "fla_hgrn2"):
+        assert attention_context(C(arch=arch, n_layers=24), 16384)[0] == 0
 
 
 def test_peak_flops_unknown_on_cpu_and_overridable():
