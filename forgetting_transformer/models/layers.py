@@ -148,6 +148,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.o_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.output_norm else None
         self.g_proj = nn.Linear(d, n_heads * head_dim, bias=False) if cfg.output_gate else None
+        # ACP: skip keys the forget gates have decayed past a weight bound (acp_eps per row); U from QK-norm weights
+        self.acp = dict(adaptive_threshold="auto", acp_eps=cfg.acp_eps) if cfg.acp else {}
 
     def forward(self, x: torch.Tensor, *, cache: LayerCache | None = None, seq_start: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -190,7 +192,10 @@ class Attention(nn.Module):
         if cache is not None:
             k, v, log_fgate = cache.update(k, v, log_fgate, shift_state)  # (B, Tk, Hkv, D) ×2, (B, Tk, H) | None
         if self.fgate is not None:
-            o = forgetting_attention(q, k, v, log_fgate, seq_start=seq_start)  # (B, T, H, D)
+            acp = self.acp
+            if acp and self.q_norm is not None:
+                acp = dict(acp, qk_norm_weights=(self.q_norm.weight, self.k_norm.weight))
+            o = forgetting_attention(q, k, v, log_fgate, seq_start=seq_start, **acp)  # (B, T, H, D)
         elif cache is None and seq_start is None:
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,

@@ -439,10 +439,12 @@ def forgetting_attention(
             visible key return 0.
         adaptive_threshold: Adaptive Computation Pruning (kernel only; default None = dense). ``"auto"``:
             ``delta = -2U - log(Tk) + log(acp_eps)`` per (batch, head), ``U`` from ``qk_norm_weights`` when
-            given, else from the max q / k norms; or a float, or a ``(B, H)`` tensor of thresholds. Tiles whose
-            every decay ``c_i - c_j`` is below ``delta`` are skipped in the forward and both backward kernels.
-            Needs ``log_fgate <= 0``.
-        return_stats: also return ``{"computed": (B, H), "pruned": (B, H)}`` forward tile counts.
+            given, else from the max q / k norms; or a float, or a ``(B, H)`` tensor of thresholds. Tiles of the
+            ACP grid (64 x 64 for D <= 128) whose every decay ``c_i - c_j`` is below ``delta`` are pruned
+            (skipped in the forward and both backward kernels; masked by the reference, which prunes the same
+            region). Needs ``log_fgate <= 0``.
+        return_stats: also return ``{"computed": (B, H), "pruned": (B, H)}`` tile counts (the kernel's forward
+            tiles; the reference counts tiles of the ACP grid).
         acp_eps: ACP's bound on the pruned attention weight per row (default ``e^-10``).
         qk_norm_weights: ``(gamma_q, gamma_k)`` QK-RMSNorm weights (``(D,)`` or ``(H, D)``) for ``"auto"``.
         backend: ``None`` (default: CUDA bf16/fp16 tensors -> Triton kernel; CPU, or fp32 on CUDA -> PyTorch
@@ -463,7 +465,9 @@ def forgetting_attention(
         )
     if backend != "reference":
         raise ValueError(f"backend must be None, 'triton' or 'reference'; got {backend!r}")
+    # ACP on the reference prunes the region the kernel would prune on a GPU (the same grid)
     return forgetting_attention_ref(
         q, k, v, log_fgate, sm_scale=sm_scale, cu_seqlens=cu_seqlens, seq_start=seq_start,
-        adaptive_threshold=adaptive_threshold, return_stats=return_stats,
+        adaptive_threshold=adaptive_threshold, return_stats=return_stats, acp_eps=acp_eps,
+        qk_norm_weights=qk_norm_weights, acp_grid=_acp_grid(max(16, _next_pow2(q.shape[-1]))),
     )

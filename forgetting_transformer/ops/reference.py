@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from . import acp as _acp
+
 DEFAULT_CHUNK_SIZE = 1024
 
 
@@ -55,7 +57,7 @@ def check_inputs(q, k, v, log_fgate, cu_seqlens=None, seq_start=None) -> None:
         raise ValueError(f"seq_start must be (B,) = ({B},); got {tuple(seq_start.shape)}")
 
 
-def _attend_chunk(q, k, v, c_q, c_k, pos_q, pos_k, doc_q, doc_k, start, sm_scale):
+def _attend_chunk(q, k, v, c_q, c_k, pos_q, pos_k, doc_q, doc_k, start, jmin, sm_scale):
     # q (B, H, tq, D); k, v (B, H, tk, D); c_q (B, H, tq) and c_k (B, H, tk): cumsums of log f relative to the
     # chunk's first query (formed in float64, then cast), so the bias below never differences two large numbers
     # where it matters: keys near the queries have small offsets, far keys have exp(bias) ~ 0 anyway.
@@ -64,9 +66,11 @@ def _attend_chunk(q, k, v, c_q, c_k, pos_q, pos_k, doc_q, doc_k, start, sm_scale
     mask = pos_k[None, :] <= pos_q[:, None]  # (tq, tk) causal
     if doc_q is not None:
         mask = mask & (doc_k[None, :] == doc_q[:, None])
+    if jmin is not None:  # ACP: each row's first unpruned key, (B, H, tq); the diagonal is never pruned
+        mask = mask & (pos_k >= jmin[..., None])  # (B, H, tq, tk)
     if start is None:
         return torch.matmul(torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1), v)  # (B, H, tq, D)
-    mask = mask[None, None] & (pos_k >= start[:, None, None, None])  # (B, 1, tq, tk)
+    mask = mask & (pos_k >= start[:, None, None, None])  # (B, 1 or H, tq, tk)
     # Rows with no visible key (queries inside the left padding) give 0 rather than NaN.
     visible = mask.any(dim=-1, keepdim=True)
     probs = torch.softmax(scores.masked_fill(~mask, float("-inf")).masked_fill(~visible, 0.0), dim=-1)
@@ -84,8 +88,11 @@ def forgetting_attention_ref(
     seq_start: torch.Tensor | None = None,
     adaptive_threshold=None,
     return_stats: bool = False,
+    acp_eps: float = _acp.DEFAULT_EPS,
+    qk_norm_weights=None,
+    acp_grid: tuple[int, int] = (64, 64),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> torch.Tensor:
+):
     """Forgetting Attention in plain PyTorch (same signature as ``forgetting_attention``).
 
     Args:
@@ -94,21 +101,27 @@ def forgetting_attention_ref(
         sm_scale: score scale, default ``1 / sqrt(D)``.
         cu_seqlens: ``(N + 1,)`` int document boundaries of a packed ``B = 1`` batch; no attention across them.
         seq_start: ``(B,)`` int index of each sequence's first real key (left padding before it is masked).
+        adaptive_threshold, acp_eps, qk_norm_weights: ACP as in ``forgetting_attention``; the pruned region is
+            defined on the ``acp_grid`` (GM, GN) exactly as the kernel defines it on its grid (see ``acp.py``),
+            and masked here, so the output and gradients are those of the pruned attention.
+        return_stats: also return ``{"computed", "pruned"}`` (B, H) counts of causal ``acp_grid`` tiles.
         chunk_size: queries per materialised chunk.
     Returns:
-        ``(B, Tq, H, D)`` in q's dtype. Queries are aligned to the end of the keys (``Tq <= Tk``).
+        ``(B, Tq, H, D)`` in q's dtype (``(o, stats)`` with ``return_stats``). Queries are aligned to the end of
+        the keys (``Tq <= Tk``).
         Computation is in float32 (float64 for float64 inputs); the cumulative sum is float64 and taken
         relative to each chunk, so the bias ``c_i - c_j`` does not suffer cancellation at long T.
     """
     check_inputs(q, k, v, log_fgate, cu_seqlens, seq_start)
-    if adaptive_threshold is not None or return_stats:
-        raise NotImplementedError(
-            "adaptive_threshold / return_stats (ACP) are implemented by the Triton kernel only; "
-            "the reference computes dense attention (pass adaptive_threshold=None)"
-        )
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    GM, GN = acp_grid
+    jmin = lo = None
+    if adaptive_threshold is not None:
+        delta = _acp.acp_threshold(q, k, sm_scale, adaptive_threshold, eps=acp_eps, qk_norm_weights=qk_norm_weights)
+        lo = _acp.lo_table(log_fgate, delta, Tq, GM, GN)  # (B*H, cdiv(Tq, GM)) pruned grid blocks
+        jmin = (lo.view(B, H, -1)[..., torch.arange(Tq, device=q.device) // GM] * GN).long()  # (B, H, Tq)
     compute_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
 
     qh = q.transpose(1, 2).to(compute_dtype)  # (B, H, Tq, D)
@@ -135,11 +148,14 @@ def forgetting_attention_ref(
         c_rel = (c[:, :, :qe] - c[:, :, qs : qs + 1]).to(compute_dtype)  # (B, H, qe) relative to the chunk
         args = (
             qh[:, :, s:e], kh[:, :, :qe], vh[:, :, :qe], c_rel[:, :, qs:], c_rel, pos_q[s:e], pos_k[:qe],
-            None if doc is None else doc[qs:qe], None if doc is None else doc[:qe], start, sm_scale,
+            None if doc is None else doc[qs:qe], None if doc is None else doc[:qe], start,
+            None if jmin is None else jmin[:, :, s:e], sm_scale,
         )
         outs.append(checkpoint(_attend_chunk, *args, use_reentrant=False) if use_ckpt else _attend_chunk(*args))
-    o = torch.cat(outs, dim=2)  # (B, H, Tq, D)
-    return o.transpose(1, 2).to(q.dtype)  # (B, Tq, H, D)
+    o = torch.cat(outs, dim=2).transpose(1, 2).to(q.dtype)  # (B, Tq, H, D)
+    if return_stats:
+        return o, _acp.tile_stats(log_fgate, None, Tq, GM, GN, lo=lo)
+    return o
 
 
 def forgetting_attention_naive(q, k, v, log_fgate, sm_scale=None):

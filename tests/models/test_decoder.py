@@ -190,3 +190,33 @@ def test_model_loss_is_the_same_with_any_loss_chunk():
     ref = model(x, x)
     model.cfg.loss_chunk = 7
     torch.testing.assert_close(model(x, x), ref)
+
+
+def test_acp_switch_prunes_through_the_op(monkeypatch):
+    """model.acp=true: every layer calls the op with the 'auto' threshold, the model's eps and its QK-norm weights;
+    with steep fixed gates it prunes (the CPU reference masks the kernel's region) and stays within the eps bound
+    of the dense model, and it trains."""
+    import forgetting_transformer.models.layers as layers
+
+    cfg = dict(fgate="fixed", fgate_init=[2, 4], qk_norm=True, acp_eps=1e-3)
+    torch.manual_seed(0)
+    dense = build_model(tiny_cfg(**cfg))
+    acp = build_model(tiny_cfg(acp=True, **cfg))
+    acp.load_state_dict(dense.state_dict())
+    calls = []
+    op = layers.forgetting_attention
+
+    def spy(*args, **kwargs):
+        out, stats = op(*args, **kwargs, return_stats=True)
+        calls.append(dict(kwargs, pruned=int(stats["pruned"].sum())))
+        return out
+
+    monkeypatch.setattr(layers, "forgetting_attention", spy)
+    x = torch.randint(0, 97, (2, 96))
+    loss_acp = acp(x, x)
+    assert len(calls) == 2 and all(c["adaptive_threshold"] == "auto" and c["acp_eps"] == 1e-3 for c in calls)
+    assert all(c["qk_norm_weights"][0] is blk.attn.q_norm.weight for c, blk in zip(calls, acp.blocks))
+    assert all(c["pruned"] > 0 for c in calls)
+    torch.testing.assert_close(loss_acp, dense(x, x), rtol=5e-3, atol=0)
+    loss_acp.mean().backward()
+    assert all(torch.isfinite(p.grad).all() for p in acp.parameters() if p.grad is not None)

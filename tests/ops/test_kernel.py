@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from forgetting_transformer.ops import forgetting_attention, forgetting_attention_ref
 from forgetting_transformer.ops.reference import forgetting_attention_naive
+from oracles import acp_masked_ref
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 
@@ -203,29 +204,6 @@ def test_torch_compile_no_graph_break():
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def acp_masked_ref(q, k, v, lf, delta, GM, GN, seq_start=None):
-    """Float64 attention with exactly the (GM x GN) grid tiles pruned that ACP prunes (delta: (B, H)): tiles whose
-    largest decay is below delta, except the key block holding the query block's first row."""
-    B, Tq, H, D = q.shape
-    Tk = k.shape[1]
-    off = Tk - Tq
-    kk = k.repeat_interleave(H // k.shape[2], dim=2)
-    vv = v.repeat_interleave(H // k.shape[2], dim=2)
-    c = torch.cumsum(lf, 1).transpose(1, 2)  # (B, H, Tk)
-    r = torch.arange(Tq)
-    j = torch.arange(Tk)
-    m0 = off + (r // GM) * GM
-    e = torch.clamp((j // GN) * GN + GN - 1, max=Tk - 1)
-    pruned = (c[..., m0][..., :, None] - c[..., e][..., None, :]) < delta[..., None, None]  # (B, H, Tq, Tk)
-    pruned &= (j // GN)[None, :] < (m0 // GN)[:, None]
-    visible = (j[None, :] <= (off + r)[:, None]) & ~pruned
-    if seq_start is not None:  # left padding: keys before seq_start[b] are invisible
-        visible = visible & (j >= seq_start[:, None, None, None])
-    s = torch.einsum("bihd,bjhd->bhij", q, kk) / math.sqrt(D) + c[..., off:, None] - c[..., None, :]
-    p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0)  # rows with no key: 0
-    return torch.einsum("bhij,bjhd->bihd", p, vv)
-
-
 def acp_inputs(T=100, seed=0):
     q, k, v, _ = make(1, T, T, 4, 2, 16, seed=seed)
     lf = torch.full((1, T, 4), -1e-4)
@@ -249,6 +227,18 @@ def test_acp_prunes_exactly_the_tile_mask():
     assert (stats["pruned"][0, :2] > 0).all() and (stats["pruned"][0, 2:] == 0).all()
     dense = forgetting_attention(q, k, v, lf, backend="triton", return_stats=True)[1]
     assert torch.equal(stats["computed"] + stats["pruned"], dense["computed"]) and (dense["pruned"] == 0).all()
+
+
+def test_acp_reference_path_prunes_what_the_kernel_prunes():
+    """The CPU dispatch (reference) and the kernel prune one region: same output and gradients."""
+    q, k, v, lf = acp_inputs(80)
+    delta = torch.tensor([[-3.0, -6.0, -3.0, -6.0]])
+    do = torch.randn_like(q)
+    ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", adaptive_threshold=delta)
+    ref = run_grads(forgetting_attention, [t.double() for t in (q, k, v, lf)], do.double(), backend="reference",
+                    adaptive_threshold=delta)
+    for name, a, r in zip(("o", "dq", "dk", "dv", "dlogf"), ours, ref):
+        assert rel(a, r, floor=ref[3].norm().item()) <= RTOL, name
 
 
 def test_acp_region_independent_of_tiling(big_tiles):

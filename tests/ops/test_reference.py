@@ -116,7 +116,7 @@ def test_chunked_backward_does_not_keep_the_full_score_matrix():
         (dict(log_fgate=torch.zeros(1, 5, 4)), r"log_fgate must be \(B, Tk, H\)"),
         (dict(q=torch.zeros(1, 5, 4, 8)), r"seqlen_q \(5\) must be <= seqlen_k \(4\)"),
         (dict(cu_seqlens=torch.tensor([0, 3])), "end at T=4"),
-        (dict(adaptive_threshold="auto"), "Triton kernel only"),
+        (dict(adaptive_threshold="fast"), "adaptive_threshold must be None, 'auto'"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(kwargs, match):
@@ -134,3 +134,41 @@ def test_public_op_on_cpu_is_the_reference():
     inputs = make_inputs(2, 33, 33, 2, 2, 8, dtype=torch.float32)
     torch.testing.assert_close(forgetting_attention(*inputs), forgetting_attention_ref(*inputs))
     assert math.isfinite(forgetting_attention(*inputs).sum().item())
+
+
+@pytest.mark.parametrize("Tq,Tk,seq_start", [(90, 90, None), (50, 90, torch.tensor([7, 0]))])
+def test_acp_masks_exactly_the_grid_region(Tq, Tk, seq_start):
+    """ACP on the reference (chunked, chunk 32 to cross chunk and grid boundaries): output and all four
+    gradients equal float64 attention with the grid tiles masked that ACP prunes (tests/ops/oracles.py), and
+    the stats count those tiles."""
+    from oracles import acp_masked_ref
+
+    q, k, v, lf = make_inputs(2, Tq, Tk, 4, 2, 16)
+    with torch.no_grad():
+        lf[..., :2] = -1.3  # heads 0, 1 local; 2, 3 keep their gates
+    delta = torch.tensor([[-3.0, -6.0, -3.0, -0.5], [-4.0, -9.0, -1.0, 2.0]])  # 2.0 > 0: only diagonals kept
+    grid = (16, 8)
+    ours = forgetting_attention_ref(q, k, v, lf, adaptive_threshold=delta, acp_grid=grid, chunk_size=32,
+                                    seq_start=seq_start)
+    ref = acp_masked_ref(q, k, v, lf, delta.double(), *grid, seq_start=seq_start)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
+    do = torch.randn_like(ours)
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v, lf), do), torch.autograd.grad(ref, (q, k, v, lf), do)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    _, stats = forgetting_attention_ref(q, k, v, lf, adaptive_threshold=delta, acp_grid=grid, return_stats=True)
+    dense = forgetting_attention_ref(q, k, v, lf, acp_grid=grid, return_stats=True)[1]
+    assert torch.equal(stats["computed"] + stats["pruned"], dense["computed"]) and (dense["pruned"] == 0).all()
+    assert (stats["pruned"][:, :2] > 0).all()
+
+
+def test_acp_auto_on_the_cpu_path_stays_within_the_eps_bound():
+    """The public op on CPU with ACP 'auto' (QK-norm weights): within 2 eps max|v| of dense attention."""
+    q, k, v, lf = (t.detach().float() for t in make_inputs(1, 256, 256, 2, 2, 16))
+    q, k = F.normalize(q, dim=-1) * 4.0, F.normalize(k, dim=-1) * 4.0
+    lf = torch.full_like(lf, -3.0)
+    w = torch.ones(16)
+    o_acp, stats = forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w),
+                                        return_stats=True)
+    o = forgetting_attention(q, k, v, lf)
+    assert (stats["pruned"] > 0).all()
+    assert (o_acp - o).abs().max() <= 2 * math.exp(-10) * v.abs().max() + 1e-6

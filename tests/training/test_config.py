@@ -66,10 +66,12 @@ def test_missing_required_value_names_the_key():
         ("wandb.mode=sometimes", "wandb.mode='sometimes'"),
         ("data.bos_id=5000", "data.bos_id=5000"),
         ("model.n_kv_heads=2", "model.n_kv_heads=2"),
+        ("model.acp_eps=2", "model.acp_eps=2.0"),
+        (("model=transformer_pro", "model.acp=true"), "model.acp=True"),
     ],
 )
 def test_invalid_values_name_the_key(override, key):
-    cfg = load(override)
+    cfg = load(*([override] if isinstance(override, str) else override))
     with pytest.raises(ConfigError, match=key.replace("(", r"\(").replace("[", r"\[")):
         validate(cfg)
 
