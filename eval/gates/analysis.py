@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from forgetting_transformer.models.layers import apply_rotary
 from forgetting_transformer.ops import acp
