@@ -59,6 +59,30 @@ def _row_bounds(KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_
 
 
 @triton.jit
+def _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d,
+             BOUNDS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """K and V tiles (BLOCK_N, BLOCK_D) of the fwd / dq inner loops. Only the diagonal key blocks can reach past
+    the last key (``BOUNDS``); blocks below the diagonal are full, so their loads carry no row mask."""
+    if BOUNDS:
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+        else:
+            dm = kv_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=dm, other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=dm, other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :])
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :])
+        else:
+            dm = offs_d[None, :] < HEAD_DIM
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=dm, other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=dm, other=0.0)
+    return k, v
+
+
+@triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
     n0, E, qk_scale, offs_n, offs_d,
@@ -70,22 +94,7 @@ def _attn_fwd_inner(
     lf_k = tl.load(LF_base + pos_k * slt, mask=kv_ok, other=0.0)
     ck = tl.cumsum(lf_k, 0)
     tot_k = tl.sum(lf_k, 0)
-    if CAUSAL_MASK:
-        if BLOCK_D == HEAD_DIM:
-            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
-            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
-        else:
-            dm = offs_d[None, :] < HEAD_DIM
-            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None] & dm, other=0.0)
-            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None] & dm, other=0.0)
-    else:
-        if BLOCK_D == HEAD_DIM:
-            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :])
-            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :])
-        else:
-            dm = offs_d[None, :] < HEAD_DIM
-            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=dm, other=0.0)
-            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=dm, other=0.0)
+    k, v = _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d, CAUSAL_MASK, HEAD_DIM, BLOCK_D)
     # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g)
     dk2 = ((tot_k - ck) + g) * 1.4426950408889634
     s = _dot(q, tl.trans(k), IEEE) * qk_scale + (dk2[None, :] - rq2[:, None])
@@ -190,22 +199,7 @@ def _attn_bwd_dq_inner(
     lf_k = tl.load(LF_base + pos_k * slt, mask=kv_ok, other=0.0)
     ck = tl.cumsum(lf_k, 0)
     tot_k = tl.sum(lf_k, 0)
-    if CAUSAL_MASK:
-        if BLOCK_D == HEAD_DIM:
-            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
-            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
-        else:
-            dm = offs_d[None, :] < HEAD_DIM
-            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None] & dm, other=0.0)
-            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None] & dm, other=0.0)
-    else:
-        if BLOCK_D == HEAD_DIM:
-            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :])
-            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :])
-        else:
-            dm = offs_d[None, :] < HEAD_DIM
-            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=dm, other=0.0)
-            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=dm, other=0.0)
+    k, v = _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d, CAUSAL_MASK, HEAD_DIM, BLOCK_D)
     dk2 = ((tot_k - ck) + g) * 1.4426950408889634
     s = _dot(q, tl.trans(k), IEEE) * qk_scale + (dk2[None, :] - rq2[:, None])
     if CAUSAL_MASK:
