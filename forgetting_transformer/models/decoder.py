@@ -97,17 +97,20 @@ class DecoderLM(nn.Module):
         """Empty per-block decoding caches for ``forward(..., cache=...)``."""
         return [LayerCache() for _ in self.blocks]
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **inference) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor | None, labels: torch.Tensor | None = None, **inference) -> torch.Tensor:
         """input_ids (B, T) → per-token loss (B, T) in fp32 when labels are given, else logits (B, T, V).
-        ``inference``: the keyword arguments of ``hidden_states`` (cache, seq_start, positions)."""
+        ``inference``: the keyword arguments of ``hidden_states`` (inputs_embeds, cache, seq_start, positions)."""
         h = self.hidden_states(input_ids, **inference)
         if labels is None:
             return self.lm_head(h)  # (B, T, V)
         return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk, self.chunk_loss)  # (B, T)
 
-    def hidden_states(self, input_ids: torch.Tensor, *, cache=None, seq_start: torch.Tensor | None = None,
-                      positions: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(self, input_ids: torch.Tensor | None, *, inputs_embeds: torch.Tensor | None = None, cache=None,
+                      seq_start: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) → final-norm hidden states (B, T, d_model), the LM head's input.
+
+        inputs_embeds (B, T, d_model): the blocks' input instead of ``embed(input_ids)`` (pass ``input_ids=None``),
+            e.g. soft prompts or another model's embeddings.
 
         Inference only (None in training):
             cache: one ``LayerCache`` per block; input_ids are the tokens after the cached ones, and the caches
@@ -115,16 +118,23 @@ class DecoderLM(nn.Module):
             seq_start: (B,) index, over cached + new tokens, of each row's first real token (left padding).
             positions: (T,) or (B, T) RoPE positions; default: counted from each row's first real token.
         """
-        if input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds; got "
+                             + ("both" if input_ids is not None else "neither"))
+        if inputs_embeds is not None:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.cfg.d_model:
+                raise ValueError(f"inputs_embeds must be (batch, seq_len, d_model={self.cfg.d_model}); "
+                                 f"got shape {tuple(inputs_embeds.shape)}")
+        elif input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
             raise ValueError(f"token id {int(input_ids.max())} >= model.vocab_size={self.cfg.vocab_size}")
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(f"cache has {len(cache)} layers; the model has {len(self.blocks)}")
         past = cache[0].get_seq_length() if cache is not None else 0
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d_model)
         if positions is None and (past or seq_start is not None):
-            positions = past + torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+            positions = past + torch.arange(x.shape[1], device=x.device)  # (T,)
             if seq_start is not None:
                 positions = (positions[None] - seq_start[:, None]).clamp(min=0)  # (B, T); pads at 0
-        x = self.embed(input_ids)  # (B, T, d_model)
         for i, block in enumerate(self.blocks):
             x = block(x, cache=None if cache is None else cache[i], seq_start=seq_start, positions=positions)
         return self.norm(x)

@@ -74,11 +74,19 @@ class FoXConfig(PretrainedConfig):
 
 class FoXCacheLayer(LayerCache, CacheLayerMixin):
     """One layer of ``FoXCache``: a ``LayerCache`` (keys/values (B, Tk, Hkv, D), log forget gates (B, Tk, H),
-    KV-shift state) behind the ``transformers`` cache-layer interface."""
+    KV-shift state) behind the ``transformers`` cache-layer interface.
+
+    With KV-shift it also keeps ``unshifted``: every cached token's key and value before the shift, each
+    (B, Tk, Hkv, D). ``crop`` needs them: the shift state of a shorter prefix is its last token's pre-shift k/v,
+    which neither the shifted keys (after QK-norm) nor the values give back.
+    """
+
+    is_croppable = True
 
     def __init__(self):
         CacheLayerMixin.__init__(self)
         LayerCache.__init__(self)
+        self.unshifted = None
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -87,6 +95,9 @@ class FoXCacheLayer(LayerCache, CacheLayerMixin):
     def update(self, k, v, log_fgate=None, shift_state=None):
         if not self.is_initialized:
             self.lazy_initialization(k, v)
+        if shift_state is not None:
+            self.unshifted = shift_state if self.unshifted is None else tuple(
+                torch.cat([old, new], dim=1) for old, new in zip(self.unshifted, shift_state))
         return LayerCache.update(self, k, v, log_fgate, shift_state)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -97,6 +108,7 @@ class FoXCacheLayer(LayerCache, CacheLayerMixin):
 
     def reset(self) -> None:
         LayerCache.__init__(self)
+        self.unshifted = None
         self.is_initialized = False
 
     def _map_batch(self, fn) -> None:
@@ -105,8 +117,9 @@ class FoXCacheLayer(LayerCache, CacheLayerMixin):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, fn(t))
-        if self.shift_state is not None:
-            self.shift_state = tuple(fn(t) for t in self.shift_state)
+        for name in ("shift_state", "unshifted"):
+            if getattr(self, name) is not None:
+                setattr(self, name, tuple(fn(t) for t in getattr(self, name)))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -118,8 +131,22 @@ class FoXCacheLayer(LayerCache, CacheLayerMixin):
         self._map_batch(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
-        # The KV-shift state of an earlier token is not kept, so the cache cannot roll back.
-        raise NotImplementedError("FoXCache cannot be cropped (assisted / speculative decoding is not supported)")
+        """Drop the last ``-tokens_to_remove`` tokens (transformers 5's convention, as ``DynamicLayer``: a negative
+        count; 0 is a no-op), leaving exactly the cache of the shorter prefix."""
+        length = self.get_seq_length()
+        if tokens_to_remove > 0 or -tokens_to_remove > length:
+            raise ValueError(f"crop(tokens_to_remove={tokens_to_remove}): pass minus the number of tokens to remove, "
+                             f"between -{length} (the cached tokens) and 0")
+        if tokens_to_remove == 0:
+            return
+        n = length + tokens_to_remove
+        self.keys, self.values = self.keys[:, :n], self.values[:, :n]
+        if self.log_fgate is not None:
+            self.log_fgate = self.log_fgate[:, :n]
+        if self.unshifted is not None:
+            self.unshifted = tuple(t[:, :n] for t in self.unshifted)
+            # The next token's shift mixes in the new last token's pre-shift k/v (x_{-1} = 0 for an empty cache).
+            self.shift_state = tuple(t[:, n - 1 : n] for t in self.unshifted) if n else None
 
     def offload(self):
         raise NotImplementedError("FoXCache does not support offloading")
@@ -131,7 +158,8 @@ class FoXCacheLayer(LayerCache, CacheLayerMixin):
 class FoXCache(Cache):
     """The ``past_key_values`` of ``FoXForCausalLM``: one ``FoXCacheLayer`` per block, plus ``seq_start`` (B,),
     the first real token of each left-padded row (None: no padding). ``FoXForCausalLM`` creates it when
-    ``use_cache=True``; pass it back as ``past_key_values`` with the next tokens."""
+    ``use_cache=True``; pass it back as ``past_key_values`` with the next tokens. ``crop(-n)`` drops the last n
+    tokens (assisted decoding uses it)."""
 
     def __init__(self, n_layers: int):
         super().__init__(layers=[FoXCacheLayer() for _ in range(n_layers)])
@@ -157,25 +185,45 @@ class FoXCache(Cache):
             self.seq_start = self.seq_start[indices]
 
 
-def seq_start_from_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
-    """(B, T) 0/1 left-padding mask → (B,) index of each row's first real token, or None when nothing is padded.
-    Raises unless every row is 0…0 1…1 (left padding); right or inner padding is not supported."""
+def seq_start_from_mask(attention_mask: torch.Tensor, allow_right_padding: bool = False) -> torch.Tensor | None:
+    """(B, T) 0/1 mask → (B,) index of each row's first real token (T for an all-pad row), or None when no row
+    starts with padding.
+
+    Every row must be 0…0 1…1 (left padding) or, with ``allow_right_padding``, 0…0 1…1 0…0: trailing pads cannot
+    affect earlier tokens of a causal model, so a forward pass without a cache needs no masking for them. A cache
+    (and so ``generate()``) would put pads before later tokens, so it needs left padding. Padding between real
+    tokens raises.
+    """
     if attention_mask.dim() != 2:
         raise ValueError(f"attention_mask must be (batch, seq_len) 0/1; got shape {tuple(attention_mask.shape)}")
     mask = attention_mask.to(torch.int64)
-    if bool(((mask != 0) & (mask != 1)).any()) or bool((mask[:, 1:] < mask[:, :-1]).any()):
-        raise ValueError("attention_mask must be left padding (each row 0…0 1…1): FoXForCausalLM supports only "
-                         "left-padded batches (set tokenizer.padding_side = 'left')")
-    if bool(mask.all()):
-        return None
-    return (mask == 0).sum(dim=1)  # (B,)
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError(f"attention_mask must hold only 0 and 1; got values {mask.unique().tolist()}")
+    T = mask.shape[1]
+    ones = mask.sum(dim=1)  # (B,)
+    first = mask.argmax(dim=1)  # first real token (argmax returns the first maximum)
+    last = T - 1 - mask.flip(1).argmax(dim=1)  # last real token
+    inner = (ones > 0) & (last - first + 1 != ones)
+    right = (ones > 0) & (last < T - 1)
+    bad = inner if allow_right_padding else inner | right
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
+        where = "between real tokens" if bool(inner[row]) else "at the end (right padding)"
+        allowed = "0…0 1…1 0…0 without a cache" if allow_right_padding else "0…0 1…1"
+        raise ValueError(f"attention_mask row {row} has padding {where} (its {int(ones[row])} real tokens lie "
+                         f"between positions {int(first[row])} and {int(last[row])} of {T}): FoXForCausalLM needs "
+                         f"each row {allowed}; cached decoding and generate() need left padding (set "
+                         f"tokenizer.padding_side = 'left')")
+    start = torch.where(ones > 0, first, T)
+    return start if bool((start > 0).any()) else None
 
 
 class FoXForCausalLM(PreTrainedModel, GenerationMixin):
     """``DecoderLM`` (FoX or Transformer, any config) as a ``transformers`` causal LM with ``generate()``.
 
     ``labels`` follow the Hugging Face convention: pass ``labels = input_ids`` (``-100`` = ignored); they are
-    shifted inside, and the loss is the mean next-token cross-entropy over non-ignored targets. (``DecoderLM``
+    shifted inside, and the loss is the mean next-token cross-entropy over non-ignored targets whose token and
+    predicting token are both real under ``attention_mask`` (or the sum over ``num_items_in_batch``). (``DecoderLM``
     itself takes already-shifted targets and returns per-token losses.)
     """
 
@@ -196,6 +244,10 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
         return False
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        # generate() appends tokens after the last column, so a right-padded prompt would put pads between real
+        # tokens: refuse it here, once, also when decoding without a cache (transformers only warns).
+        if model_kwargs.get("attention_mask") is not None:
+            seq_start_from_mask(model_kwargs["attention_mask"])
         # generate() builds its cache here before the prefill (chunked prefill needs one): always a FoXCache.
         if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
             return
@@ -245,47 +297,71 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """input_ids (B, T): the tokens after those in ``past_key_values`` (all of them without a cache).
+        """input_ids (B, T): the tokens after those in ``past_key_values`` (all of them without a cache); or
+        inputs_embeds (B, T, d_model) in their place (exactly one of the two).
 
-        attention_mask (B, past + T): 0/1, left padding only. position_ids (B, T): RoPE positions (default:
-        counted from each row's first real token). use_cache: return a ``FoXCache`` extended with these tokens
-        (default: only when ``past_key_values`` is given). logits_to_keep: compute logits for the last N tokens
-        only (0 = all).
+        attention_mask (B, past + T): 0/1, left padding; without a cache also right padding. position_ids (B, T):
+        RoPE positions (default: counted from each row's first real token). use_cache: return a ``FoXCache``
+        extended with these tokens (default: only when ``past_key_values`` is given). logits_to_keep: compute
+        logits for the last N tokens only (0 = all). num_items_in_batch (with labels; the Trainer passes it under
+        gradient accumulation): the loss is the summed token loss divided by it instead of the mean.
         """
-        if inputs_embeds is not None:
-            raise NotImplementedError("FoXForCausalLM takes input_ids, not inputs_embeds")
         if output_attentions or output_hidden_states:
             raise NotImplementedError("output_attentions / output_hidden_states are not supported")
-        if input_ids is None:
-            raise ValueError("input_ids is required")
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds; got "
+                             + ("both" if input_ids is not None else "neither"))
+        inputs = input_ids if inputs_embeds is None else inputs_embeds
+        B, T = inputs.shape[:2]
         cache = self._resolve_cache(past_key_values, use_cache)
         past = cache.get_seq_length() if cache is not None else 0
         seq_start = None
         if attention_mask is not None:
-            want = (input_ids.shape[0], past + input_ids.shape[1])
-            if tuple(attention_mask.shape) != want:
-                raise ValueError(f"attention_mask must be (batch, cached + new tokens) = {want}; "
+            if tuple(attention_mask.shape) != (B, past + T):
+                raise ValueError(f"attention_mask must be (batch, cached + new tokens) = {(B, past + T)}; "
                                  f"got {tuple(attention_mask.shape)}")
-            seq_start = seq_start_from_mask(attention_mask.to(input_ids.device))
+            attention_mask = attention_mask.to(inputs.device)
+            seq_start = seq_start_from_mask(attention_mask, allow_right_padding=cache is None)
         if cache is not None:
             if past and not _same_start(cache.seq_start, seq_start, attention_mask is None):
                 raise ValueError("attention_mask disagrees with the padding of the cached tokens")
             seq_start = cache.seq_start if attention_mask is None and past else seq_start
             cache.seq_start = seq_start
         h = self.model.hidden_states(
-            input_ids, cache=None if cache is None else cache.layers, seq_start=seq_start, positions=position_ids,
+            input_ids, inputs_embeds=inputs_embeds, cache=None if cache is None else cache.layers,
+            seq_start=seq_start, positions=position_ids,
         )  # (B, T, d_model)
         logits = self.model.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)  # (B, T', V)
         loss = None
         if labels is not None:
-            if logits.shape[1] != labels.shape[1]:
-                raise ValueError("labels need logits for every position (logits_to_keep=0)")
-            # HF convention: the logits at t predict labels[t + 1].
-            loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+            loss = self._loss(logits, labels, attention_mask, num_items_in_batch)
         out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
         return out if return_dict is not False else out.to_tuple()
+
+    @staticmethod
+    def _loss(logits, labels, attention_mask, num_items_in_batch) -> torch.Tensor:
+        if logits.shape[1] != labels.shape[1]:
+            raise ValueError(f"labels {tuple(labels.shape)} need logits for every position; got "
+                             f"{logits.shape[1]} (logits_to_keep must be 0)")
+        # HF convention: the logits at t predict labels[t + 1].
+        targets = labels[:, 1:].to(logits.device)
+        if attention_mask is not None:
+            # A target counts only if it and the token predicting it are real: pads (left or right) neither predict
+            # nor are predicted, so a padded row's loss terms are those of the row alone.
+            real = attention_mask[:, -labels.shape[1]:].bool()
+            targets = targets.masked_fill(~(real[:, 1:] & real[:, :-1]), -100)
+        flat_logits, flat_targets = logits[:, :-1].float().flatten(0, 1), targets.flatten()
+        if num_items_in_batch is None:
+            return F.cross_entropy(flat_logits, flat_targets, ignore_index=-100)
+        # Gradient accumulation: each micro-batch's summed loss over the whole batch's target count, so the
+        # accumulated gradient is that of the batch's mean, however the targets split over the micro-batches.
+        total = F.cross_entropy(flat_logits, flat_targets, ignore_index=-100, reduction="sum")
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
 
     def _resolve_cache(self, past_key_values, use_cache) -> FoXCache | None:
         if past_key_values is None:

@@ -175,7 +175,9 @@ class Attention(nn.Module):
                 # Zero the pads' unshifted k/v so the first real token mixes in x_{-1} = 0, as in an unpadded row.
                 k, v = k.masked_fill(pad[:, :, None, None], 0.0), v.masked_fill(pad[:, :, None, None], 0.0)
             k_last, v_last = cache.shift_state if cache is not None and cache.shift_state is not None else (None, None)
-            shift_state = (k[:, -1:], v[:, -1:])  # (B, 1, Hkv, D) unshifted, for the next call
+            # (B, T, Hkv, D) unshifted: LayerCache keeps the last token's for the next call; the Hugging Face cache
+            # keeps every token's, so it can be cropped back to any length.
+            shift_state = (k, v)
             k, v = self.k_shift(x, k, k_last), self.v_shift(x, v, v_last)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -250,7 +252,8 @@ class LayerCache:
         return 0 if self.keys is None else self.keys.shape[1]
 
     def update(self, k, v, log_fgate, shift_state):
-        """Append the new tokens' k, v (B, T, Hkv, D) and log_fgate (B, T, H); return the full cached tensors."""
+        """Append the new tokens' k, v (B, T, Hkv, D) and log_fgate (B, T, H); return the full cached tensors.
+        ``shift_state``: the new tokens' (k, v) before the KV-shift, each (B, T, Hkv, D), or None."""
         if self.keys is None:
             self.keys, self.values, self.log_fgate = k, v, log_fgate
         else:
@@ -258,5 +261,5 @@ class LayerCache:
             self.values = torch.cat([self.values, v], dim=1)
             if log_fgate is not None:
                 self.log_fgate = torch.cat([self.log_fgate, log_fgate], dim=1)
-        self.shift_state = shift_state
+        self.shift_state = None if shift_state is None else tuple(s[:, -1:] for s in shift_state)
         return self.keys, self.values, self.log_fgate

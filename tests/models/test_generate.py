@@ -1,4 +1,7 @@
-"""Incremental decoding with FoXCache: generate() and cached forwards equal full recomputation, left padding."""
+"""Incremental decoding with FoXCache: generate() and cached forwards equal full recomputation, left padding,
+inputs_embeds prompts, cache cropping and assisted decoding."""
+
+import copy
 
 import pytest
 import torch
@@ -118,21 +121,28 @@ def test_pad_gates_and_pad_tokens_do_not_matter():
 def test_unsupported_inputs_are_clear_errors():
     model = tiny({})
     ids = torch.randint(0, 97, (2, 5))
-    with pytest.raises(ValueError, match="left padding"):
-        model(ids, attention_mask=torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))
+    right = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=r"row 0 .* between real tokens"):  # inner padding, even without a cache
+        model(ids, attention_mask=torch.tensor([[1, 1, 0, 1, 1], [1, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match=r"row 0 .*right padding.*padding_side = 'left'"):
+        model(ids, attention_mask=right, use_cache=True)  # a cache would put the pads before later tokens
+    for use_cache in (True, False):
+        with pytest.raises(ValueError, match=r"right padding.*padding_side = 'left'"):
+            model.generate(ids, attention_mask=right, max_new_tokens=2, do_sample=False, use_cache=use_cache)
     with pytest.raises(ValueError, match="attention_mask must be"):
         model(ids, attention_mask=torch.ones(2, 4, dtype=torch.long))
     cache = model(ids, use_cache=True).past_key_values
     with pytest.raises(ValueError, match="disagrees"):
         model(ids[:, :1], attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1], [1] * 6]), past_key_values=cache)
-    with pytest.raises(NotImplementedError, match="cropped"):
-        cache.crop(-1)
     dyn = DynamicCache()
     dyn.update(torch.zeros(2, 4, 5, 8), torch.zeros(2, 4, 5, 8), 0)
     with pytest.raises(TypeError, match="FoXCache"):
         model(ids[:, :1], past_key_values=dyn)
-    with pytest.raises(NotImplementedError, match="inputs_embeds"):
-        model(inputs_embeds=torch.zeros(2, 5, 32))
+    for kw in (dict(input_ids=ids, inputs_embeds=torch.zeros(2, 5, 32)), {}):
+        with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+            model(**kw)
+    with pytest.raises(ValueError, match=r"inputs_embeds must be \(batch, seq_len, d_model=32\); got shape \(2, 5, 16\)"):
+        model(inputs_embeds=torch.zeros(2, 5, 16))
 
 
 def test_cache_reorders_with_the_batch():
@@ -149,3 +159,121 @@ def test_cache_reorders_with_the_batch():
         full = model(torch.cat([ids.flip(0), nxt], 1),
                      attention_mask=torch.cat([mask.flip(0), torch.ones(2, 1, dtype=torch.long)], 1)).logits[:, -1]
     torch.testing.assert_close(got, full, rtol=1e-4, atol=1e-5)
+
+
+def test_generate_from_inputs_embeds_equals_recomputation_on_embeddings():
+    # A soft prompt (embeddings no token has) then real tokens, row 1 left-padded: generate() runs the prompt from
+    # embeddings and the new tokens from ids. Reference: the full forward on [prompt embeds, embed(new tokens)].
+    model = tiny(VARIANTS["fox_pro_rope"])
+    ids = torch.randint(1, 97, (2, 5))
+    with torch.no_grad():
+        prompt = torch.cat([0.1 * torch.randn(2, 3, 32), model.model.embed(ids)], dim=1)  # (2, 8, d_model)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :2] = 0
+    out = model.generate(inputs_embeds=prompt, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                         pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    assert out.sequences.shape == (2, 8)  # only the new tokens: the prompt had no ids
+    new, logits = torch.zeros(2, 0, dtype=torch.long), []
+    with torch.no_grad():
+        for _ in range(8):
+            x = torch.cat([prompt, model.model.embed(new)], dim=1)
+            m = torch.cat([mask, torch.ones_like(new)], dim=1)
+            last = model(inputs_embeds=x, attention_mask=m).logits[:, -1]
+            logits.append(last)
+            new = torch.cat([new, last.argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out.sequences, new)
+    torch.testing.assert_close(torch.stack(out.logits, dim=1), torch.stack(logits, dim=1), rtol=1e-4, atol=1e-5)
+
+
+CROP_VARIANTS = ["fox_llama", "fox_pro", "transformer_pro_gqa"]
+
+
+def tensors(field) -> tuple:
+    """A cache field (None, a tensor or a tuple of tensors) as a tuple of tensors."""
+    return () if field is None else field if isinstance(field, tuple) else (field,)
+
+
+def greedy_with_cache(model, cache, last, mask, steps):
+    """Greedy decoding from a cache whose next input is ``last`` (B, 1); returns the tokens and logits."""
+    tokens, logits = [], []
+    with torch.no_grad():
+        for _ in range(steps):
+            mask = torch.cat([mask, torch.ones_like(last)], dim=1)
+            step = model(last, attention_mask=mask, past_key_values=cache).logits[:, -1]
+            last = step.argmax(-1, keepdim=True)
+            tokens.append(last)
+            logits.append(step)
+    return torch.cat(tokens, dim=1), torch.stack(logits, dim=1)
+
+
+@pytest.mark.parametrize("name", CROP_VARIANTS)
+def test_cropped_cache_equals_the_cache_of_the_shorter_prefix(name):
+    model = tiny(VARIANTS[name])
+    ids = torch.randint(1, 97, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    keep = 7  # inside the prefill chunk: crop(-5) removes the 4-token chunk and one prefill token
+    with torch.no_grad():
+        cache = model(ids[:, :8], attention_mask=mask[:, :8], use_cache=True).past_key_values
+        model(ids[:, 8:], attention_mask=mask, past_key_values=cache)
+        cache.crop(0)
+        assert cache.get_seq_length() == 12
+        cache.crop(-5)
+        fresh = model(ids[:, :keep], attention_mask=mask[:, :keep], use_cache=True).past_key_values
+    assert cache.get_seq_length() == keep and torch.equal(cache.seq_start, fresh.seq_start)
+    for got, want in zip(cache.layers, fresh.layers):
+        assert (got.shift_state is not None) == model.config.kv_shift
+        for field in ("keys", "values", "log_fgate", "shift_state", "unshifted"):
+            a, b = tensors(getattr(got, field)), tensors(getattr(want, field))
+            assert len(a) == len(b), field
+            for x, y in zip(a, b):
+                assert x.shape == y.shape, field
+                # Not bit-exact: layer 1's inputs come from attention computed over 8 vs 7 keys.
+                torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=field)
+    # Continuing greedily from the cropped cache gives what the fresh shorter cache gives.
+    got = greedy_with_cache(model, cache, ids[:, keep : keep + 1], mask[:, :keep], 8)
+    want = greedy_with_cache(model, fresh, ids[:, keep : keep + 1], mask[:, :keep], 8)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
+
+
+def test_crop_to_empty_and_invalid_crops():
+    model = tiny(VARIANTS["fox_pro"])
+    ids = torch.randint(1, 97, (1, 6))
+    with torch.no_grad():
+        cache = model(ids, use_cache=True).past_key_values
+        for bad in (1, -7):
+            with pytest.raises(ValueError, match=rf"crop\(tokens_to_remove={bad}\).*between -6"):
+                cache.crop(bad)
+        assert cache.get_seq_length() == 6  # a refused crop changes nothing
+        cache.crop(-6)  # back to empty: the KV-shift starts again from x_{-1} = 0
+        assert cache.get_seq_length() == 0 and all(layer.shift_state is None for layer in cache.layers)
+        refilled = model(ids[:, :4], past_key_values=cache).logits
+    torch.testing.assert_close(refilled, model(ids[:, :4]).logits, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", CROP_VARIANTS)
+def test_assisted_generate_equals_greedy_generate(name, monkeypatch):
+    # Assisted decoding: the assistant drafts tokens, the model checks them in one chunk, and both caches are
+    # cropped back past the rejected drafts. A noisy copy of the model drafts some right and some wrong tokens.
+    model = tiny(VARIANTS[name])
+    assistant = copy.deepcopy(model)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in assistant.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    ids = torch.randint(1, 97, (1, 6))
+    plain = model.generate(ids, max_new_tokens=30, do_sample=False)
+    crops, chunks = [], []
+    crop = FoXCache.crop
+
+    def recording_crop(cache, tokens_to_remove):
+        crops.append(tokens_to_remove)
+        crop(cache, tokens_to_remove)
+
+    monkeypatch.setattr(FoXCache, "crop", recording_crop)
+    model.model.embed.register_forward_hook(lambda mod, args, out: chunks.append(args[0].shape[1]))
+    assisted = model.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=assistant)
+    assert torch.equal(assisted, plain)
+    assert min(crops) < -1  # several drafted tokens were rejected and cropped
+    assert len(chunks) < 30  # and some were accepted: fewer forwards of the model than new tokens

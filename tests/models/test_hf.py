@@ -95,6 +95,68 @@ def test_labels_follow_the_hf_convention():
     torch.testing.assert_close(out.loss, F.cross_entropy(out.logits[:, :-1].transpose(1, 2), labels[:, 1:]))
 
 
+def test_inputs_embeds_give_what_the_embedded_ids_give():
+    torch.manual_seed(0)
+    hf = FoXForCausalLM(FoXConfig(**SMALL, rope=True, **PRO)).eval()
+    x = torch.randint(0, 97, (2, 10))
+    with torch.no_grad():
+        emb = hf.model.embed(x)
+        ids_out = hf(x, labels=x)
+        emb_out = hf(inputs_embeds=emb, labels=x)
+        # A cache filled from embeddings continues like one filled from the ids.
+        cache = hf(inputs_embeds=emb[:, :6], use_cache=True).past_key_values
+        rest = hf(x[:, 6:], past_key_values=cache).logits
+        assert torch.equal(hf.model(None, inputs_embeds=emb), hf.model(x))  # DecoderLM's keyword argument
+    assert torch.equal(emb_out.logits, ids_out.logits) and torch.equal(emb_out.loss, ids_out.loss)
+    torch.testing.assert_close(rest, ids_out.logits[:, 6:], rtol=1e-4, atol=1e-5)
+
+
+def test_num_items_in_batch_divides_the_summed_token_loss():
+    torch.manual_seed(0)
+    hf = FoXForCausalLM(FoXConfig(**SMALL, **PRO)).eval()
+    x = torch.randint(0, 97, (4, 10))
+    labels = x.clone()
+    labels[0, 4:] = -100
+    labels[3, :7] = -100
+    with torch.no_grad():
+        per_token = hf.model(x[:, :-1], x[:, 1:])  # (B, T-1) already-shifted targets
+        keep = labels[:, 1:] != -100
+        for n in (37, torch.tensor(37)):
+            torch.testing.assert_close(hf(x, labels=labels, num_items_in_batch=n).loss, per_token[keep].sum() / 37)
+        # Gradient accumulation: two micro-batches, each divided by the batch's count, add up to the batch mean
+        # however unevenly the targets fall into them.
+        count = int(keep.sum())
+        parts = [hf(x[i:j], labels=labels[i:j], num_items_in_batch=count).loss for i, j in ((0, 1), (1, 4))]
+        torch.testing.assert_close(sum(parts), hf(x, labels=labels).loss)
+
+
+def test_right_and_left_padding_in_a_forward_give_each_rows_own_logits_and_loss():
+    # Without a cache a row may be padded on the right (trailing pads cannot reach earlier tokens), on the left, or
+    # both. Reference: each row's real tokens alone.
+    torch.manual_seed(0)
+    hf = FoXForCausalLM(FoXConfig(**SMALL, rope=True, **PRO)).eval()
+    T = 9
+    spans = [(0, 9), (0, 5), (3, 9), (2, 6)]  # [start, end) of each row's real tokens
+    x = torch.randint(1, 97, (len(spans), T))  # pads are arbitrary tokens, masked out
+    mask = torch.zeros_like(x)
+    for i, (a, b) in enumerate(spans):
+        mask[i, a:b] = 1
+    with torch.no_grad():
+        out = hf(x, attention_mask=mask, labels=x)
+        alone = [hf(x[i : i + 1, a:b]).logits[0] for i, (a, b) in enumerate(spans)]
+        alone_loss = torch.cat([hf.model(x[i : i + 1, a : b - 1], x[i : i + 1, a + 1 : b])[0]
+                                for i, (a, b) in enumerate(spans)])  # every real row's per-token losses
+        # The usual collator marks pads with -100 instead: the same loss, without a mask for the right pads.
+        labels = x.masked_fill(mask == 0, -100)
+        right_only = hf(x[:2], attention_mask=mask[:2], labels=labels[:2]).loss
+        right_no_mask = hf(x[:2], labels=labels[:2]).loss
+    for i, (a, b) in enumerate(spans):
+        torch.testing.assert_close(out.logits[i, a:b], alone[i], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.loss, alone_loss.mean())
+    torch.testing.assert_close(right_no_mask, right_only)
+    torch.testing.assert_close(right_only, alone_loss[: 8 + 4].mean())
+
+
 # ------------------------------------------------------------------------------------------------ export_hf.py
 
 WORDS = ("the of and to in a is that it was he for on are as with his they at be this from have or by one had not "
