@@ -152,9 +152,10 @@ def main(cfg) -> None:
         stop = preemption.should_stop(device)
         if state.step % train.checkpoint_every == 0 or state.step == total_steps or stop:
             save_checkpoint(state, ckpt_root, keep=train.keep_checkpoints)
-        if stop:  # SIGUSR1/SIGTERM: checkpoint written; the job script requeues on this exit code
+        if stop:  # checkpoint written; the job script (or submitit, on its SIGUSR2) requeues the job
             metrics.say(f"stopping on signal {preemption.received} after step {state.step}; resume=true continues")
             shutdown()
+            preemption.hand_over()  # submitit's SIGUSR2 handler: requeue and exit
             sys.exit(PREEMPTED_EXIT_CODE)
 
     # Held-out loss on the first batches of heldout.zarr, then L(i) over whole held-out rows (every rank runs the

@@ -1,7 +1,11 @@
-"""Graceful stop on SIGUSR1 / SIGTERM (SLURM sends one before the time limit or on preemption).
+"""Graceful stop on SIGUSR1 / SIGTERM (SLURM sends one before the time limit or on preemption), and on SIGUSR2 when
+submitit (the hydra SLURM launcher) is listening for it.
 
 The handler only sets a flag; the training loop checks it after each optimizer step, agrees on it across ranks,
-writes a checkpoint and exits with ``PREEMPTED_EXIT_CODE`` so the job script can requeue itself.
+writes a checkpoint and exits with ``PREEMPTED_EXIT_CODE`` so the job script can requeue itself. Under submitit,
+SIGUSR2 is submitit's own "about to time out / preempted" signal and its handler requeues the job: that handler
+is deferred until the checkpoint is on disk (``hand_over``), so the requeued job resumes from the step where the
+signal arrived instead of from the last periodic checkpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +21,12 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 class PreemptionFlag:
     def __init__(self, signals=(signal.SIGUSR1, signal.SIGTERM)):
         self.received: int | None = None
+        # A Python handler already on SIGUSR2 is submitit's requeue; outside submitit SIGUSR2 keeps its default.
+        self._deferred = {}
+        usr2 = signal.getsignal(signal.SIGUSR2)
+        if callable(usr2) and signal.SIGUSR2 not in signals:
+            self._deferred[signal.SIGUSR2] = usr2
+            signals = (*signals, signal.SIGUSR2)
         for sig in signals:
             signal.signal(sig, self._handle)
 
@@ -30,3 +40,10 @@ class PreemptionFlag:
         flag = torch.tensor(float(self.received is not None), device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+    def hand_over(self) -> None:
+        """Call, once the checkpoint is written, the handler deferred for the received signal (submitit's: it
+        requeues the job and exits, or raises when the job may not be requeued). Returns when there is none."""
+        handler = self._deferred.get(self.received)
+        if handler is not None:
+            handler(self.received, None)

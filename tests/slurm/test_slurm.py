@@ -355,7 +355,8 @@ def test_multinode_template_on_one_node_requeues_on_the_batch_signal(cluster, da
 def test_sweep_job_preempted_is_requeued_by_submitit_and_resumes(cluster, data_dir, tmp_path):
     """submitit's own preemption/timeout path: SIGUSR2 (its signal, sent `signal_delay_s` before the time limit)
     makes submitit requeue the job (max_num_timeout > 0); the requeued job reruns the same overrides in the same
-    sweep subdir and, with resume=true, continues from the last periodic checkpoint, logging the same losses."""
+    sweep subdir. train.py defers submitit's handler until it has written a checkpoint at the step the signal
+    arrived, so the requeued job (resume=true) continues from that step and logs the same losses."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
                         reason="hydra-submitit-launcher is not installed (pip install -r requirements.txt)")
     total = 32 * 8 * 128
@@ -388,7 +389,11 @@ def test_sweep_job_preempted_is_requeued_by_submitit_and_resumes(cluster, data_d
     assert int(info["Restarts"]) == 1, info
     job_log = "\n".join(p.read_text() for p in (sweep / ".submitit" / job_id).glob("*.out"))
     assert "Caught signal SIGUSR2" in job_log and "Requeued job" in job_log, job_log[-3000:]
-    assert f"resumed from {sweep / '0' / 'checkpoints'}" in job_log, job_log[-3000:]
+    m = re.search(r"stopping on signal (\d+) after step (\d+)", job_log)
+    assert m and int(m.group(1)) == signal.SIGUSR2, job_log[-3000:]
+    stopped = int(m.group(2))
+    ckpt = sweep / "0" / "checkpoints" / f"step_{stopped:08d}"
+    assert f"resumed from {ckpt} (step {stopped}," in job_log, job_log[-3000:]
     got = [(r["step"], r.get("loss"), r.get("heldout_loss")) for r in rows(sweep / "0")]
     want = [(r["step"], r.get("loss"), r.get("heldout_loss")) for r in rows(reference)]
     assert got == want
