@@ -67,7 +67,7 @@ def _prune(kind):
             m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
             if D >= 256 and (m * n > 64 * 64 or c.num_stages > 2):
                 continue
-            if D >= 128 and kind in ("dkdv", "dkdvq") and m * n > 64 * 128:
+            if D >= 128 and kind == "dkdv" and m * n > 64 * 128:
                 continue
             out.append(c)
         return out or configs[-1:]
@@ -95,17 +95,16 @@ def _kernel(kind):
     """The jit kernel for ``kind`` (autotuned on a GPU, plain under the interpreter)."""
     key = (kind, _autotune_enabled())
     if key not in _KERNELS:
-        fn = _raw_kernel(kind)
+        from . import triton_kernels as tk
+
+        fn = {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
         if _autotune_enabled():
             import triton
 
-            dkdv = kind in ("dkdv", "dkdvq")
             fn = triton.autotune(
                 configs=_gpu_configs(kind),
-                key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE", "HAS_HI" if dkdv else "HAS_LO"],
+                key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE", "HAS_HI" if kind == "dkdv" else "HAS_LO"],
                 prune_configs_by={"early_config_prune": _prune(kind)},
-                # the fused backward accumulates into DQA / DROWA: every timed run must start from zeros
-                reset_to_zero=["DQA", "DROWA"] if kind == "dkdvq" else None,
             )(fn)
         _KERNELS[key] = fn
     return _KERNELS[key]
@@ -118,14 +117,11 @@ _FORCE_CONFIGS = {}
 def _raw_kernel(kind):
     from . import triton_kernels as tk
 
-    # "dkdvq": the dk/dv kernel with dq fused in by atomics (FUSE_DQ), autotuned on its own
-    return {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel,
-            "dkdvq": tk._attn_bwd_dkdv_kernel}[kind]
+    return {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
 
 
 def _fixed_config(kind, block_d):
     """The (meta, warps, stages) used when autotuning is off (and the tiles that set ACP's grid)."""
-    kind = "dkdv" if kind == "dkdvq" else kind  # the fused backward starts from the dk/dv kernel's tiles
     if _interpreting():
         return _INTERPRET_CONFIGS[kind], 4, 1
     if kind in _FORCE_CONFIGS:
@@ -216,23 +212,15 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     return o, lse
 
 
-def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None, deterministic=True):
+def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     if Tq == 0:
         return torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(lf)
     do = do.contiguous()
     o = o.contiguous()
-    if deterministic:
-        # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
-        dq, drow, delta = _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables)
-        dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables)
-    else:
-        delta = torch.einsum("bthd,bthd->bht", o.float(), do.float()).contiguous()  # (B, H, Tq)
-        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)  # unscaled dS K, q's layout
-        drow = torch.zeros((B, Tq, H), device=q.device, dtype=torch.float32)
-        dk, dv, dcol = _bwd_dkdv(do, q.contiguous(), k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables,
-                                 fused=(dq_acc, drow))
-        dq = (dq_acc * sm_scale).to(q.dtype)
+    # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
+    dq, drow, delta = _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables)
+    dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables)
     return dq, dk, dv, _bwd_dlogf(drow, dcol)
 
 
@@ -272,9 +260,7 @@ def _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables=None):
     return dq, drow, delta
 
 
-def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=None, fused=None):
-    """dk, dv and the column sums of dS; ``fused=(dq_acc, drow)`` (fp32 zeros, q must be contiguous) also
-    accumulates the unscaled dq and the row sums of dS there, by atomics."""
+def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     dk = torch.empty_like(k)
@@ -288,10 +274,9 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
     ke_strides = (kend.stride(0), kend.stride(1)) if has_end else (0, 0)
     common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32)
     lo, hi = (lse, lse) if acp_tables is None else acp_tables
-    dq_acc, drow = (lse, lse) if fused is None else fused  # dummy pointers when not fused
     _launch(
-        "dkdv" if fused is None else "dkdvq", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])),
-        q, k, v, lf, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi, dq_acc, drow,
+        "dkdv", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])),
+        q, k, v, lf, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides, *ke_strides,
@@ -299,7 +284,7 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
         H, Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
         *_acp_args(acp_tables, common["BLOCK_D"]),
         H // Hkv,
-        HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, FUSE_DQ=fused is not None, **common,
+        HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, **common,
     )
     return dk, dv, dcol
 
@@ -313,15 +298,14 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
 def _fox_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_fgate: torch.Tensor,
     kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor], sm_scale: float,
-    acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor], deterministic: bool,
+    acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # deterministic is the backward's choice; it is an input here so that the autograd context records it
     tables = None if acp_lo is None else (acp_lo, acp_hi)
     return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, tables)
 
 
 @_fox_fwd.register_fake
-def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic):
+def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
     B, Tq, H, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, Tq), dtype=torch.float32)
 
@@ -330,30 +314,28 @@ def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic)
 def _fox_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_fgate: torch.Tensor,
     o: torch.Tensor, lse: torch.Tensor, kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor],
-    sm_scale: float, acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor], deterministic: bool,
+    sm_scale: float, acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     tables = None if acp_lo is None else (acp_lo, acp_hi)
-    return _bwd_launch(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, tables, deterministic)
+    return _bwd_launch(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, tables)
 
 
 @_fox_bwd.register_fake
-def _(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic):
+def _(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(log_fgate)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic = inputs
+    q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi)
     ctx.sm_scale = sm_scale
-    ctx.deterministic = deterministic
 
 
 def _backward(ctx, do, dlse):
     q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi = ctx.saved_tensors
-    dq, dk, dv, dlf = _fox_bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, acp_lo, acp_hi,
-                               ctx.deterministic)
-    return dq, dk, dv, dlf, None, None, None, None, None, None
+    dq, dk, dv, dlf = _fox_bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, acp_lo, acp_hi)
+    return dq, dk, dv, dlf, None, None, None, None, None
 
 
 _fox_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -399,7 +381,7 @@ def _row_bounds(q, k, cu_seqlens, seq_start):
 
 def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlens=None, seq_start=None,
                                  adaptive_threshold=None, return_stats=False, acp_eps=_acp.DEFAULT_EPS,
-                                 qk_norm_weights=None, deterministic=True):
+                                 qk_norm_weights=None):
     """The Triton path, on any device (CPU needs ``TRITON_INTERPRET=1`` before triton is imported)."""
     check_inputs(q, k, v, log_fgate, cu_seqlens, seq_start)
     _check_kernel_inputs(q, k, v, log_fgate)
@@ -419,7 +401,7 @@ def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlen
         acp_delta = _acp.acp_threshold(q, k, sm_scale, adaptive_threshold, eps=acp_eps,
                                        qk_norm_weights=qk_norm_weights)
         tables = _acp_tables(log_fgate, acp_delta, q.shape[1], block_d)
-    o, _ = _fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables, bool(deterministic))
+    o, _ = _fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
     if return_stats:
         cfg = _fixed_config("fwd", block_d)[0]
         lo = None
@@ -444,7 +426,6 @@ def forgetting_attention(
     backend: str | None = None,
     acp_eps: float = _acp.DEFAULT_EPS,
     qk_norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
-    deterministic: bool = True,
 ) -> torch.Tensor:
     """Causal softmax attention with a forget gate: ``o_i = sum_j softmax_j(q_i.k_j*s + c_i - c_j) v_j``.
 
@@ -466,10 +447,6 @@ def forgetting_attention(
             tiles; the reference counts tiles of the ACP grid).
         acp_eps: ACP's bound on the pruned attention weight per row (default ``e^-10``).
         qk_norm_weights: ``(gamma_q, gamma_k)`` QK-RMSNorm weights (``(D,)`` or ``(H, D)``) for ``"auto"``.
-        deterministic: ``True`` (default): bitwise reproducible backward (separate dq and dk/dv kernels).
-            ``False`` (kernel only): dq and the dS row sums are accumulated with fp32 atomics inside the dk/dv
-            kernel (no dq kernel), so gradients vary run to run at fp32 rounding. The reference is
-            deterministic either way.
         backend: ``None`` (default: CUDA bf16/fp16 tensors -> Triton kernel; CPU, or fp32 on CUDA -> PyTorch
             reference), ``"triton"`` or ``"reference"``.
     Returns:
@@ -484,7 +461,7 @@ def forgetting_attention(
         return _forgetting_attention_triton(
             q, k, v, log_fgate, sm_scale=sm_scale, cu_seqlens=cu_seqlens, seq_start=seq_start,
             adaptive_threshold=adaptive_threshold, return_stats=return_stats, acp_eps=acp_eps,
-            qk_norm_weights=qk_norm_weights, deterministic=deterministic,
+            qk_norm_weights=qk_norm_weights,
         )
     if backend != "reference":
         raise ValueError(f"backend must be None, 'triton' or 'reference'; got {backend!r}")

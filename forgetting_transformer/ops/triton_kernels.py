@@ -293,9 +293,9 @@ def _attn_bwd_dq_kernel(
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-    KSTART_base, LO_base, DQA_base, DROWA_base, sqt, sdot, slt, sst, H, m0, off, Tq, qk_scale, offs_m, offs_d,
-    ACP_GM, ACP_GN, CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, ACP_MASK: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, FUSE_DQ: tl.constexpr,
+    KSTART_base, LO_base, sqt, sdot, slt, sst, m0, off, Tq, qk_scale, offs_m, offs_d, ACP_GM, ACP_GN,
+    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, ACP_MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
 ):
     # Transposed formulation (keys on rows): S^T = K Q^T, so P^T / dS^T feed the dv / dk products directly.
     rows = m0 - off + offs_m
@@ -330,30 +330,19 @@ def _attn_bwd_dkdv_inner(
     dsT = pT * (dpT - delta[None, :])
     dk += _dot(dsT.to(qT.dtype), tl.trans(qT), IEEE)
     colsum += tl.sum(dsT, 1)
-    if FUSE_DQ:  # non-deterministic backward: this tile's dS K and dS row sums go to fp32 buffers by atomics
-        dq_t = _dot(tl.trans(dsT.to(k.dtype)), k, IEEE)  # (BLOCK_M, BLOCK_D)
-        if BLOCK_D == HEAD_DIM:
-            dq_mask = row_ok[:, None]
-        else:
-            dq_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-        tl.atomic_add(DQA_base + rows[:, None] * sqt + offs_d[None, :], dq_t, mask=dq_mask, sem="relaxed")
-        tl.atomic_add(DROWA_base + rows * H, tl.sum(dsT, 0), mask=row_ok, sem="relaxed")
     return dk, dv, colsum, acc_c + tl.sum(lf_q, 0)
 
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, LF, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK, DQA, DROWA,
+    Q, K, V, LF, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst, seb, set,
     sdkb, sdkt, sdkh,
     H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
-    FUSE_DQ: tl.constexpr,
 ):
-    # grid (B*Hkv, cdiv(Tk, BLOCK_N)); the first (heaviest) key blocks are scheduled first.
-    # FUSE_DQ: also accumulate dq (unscaled) and the row sums of dS into the fp32 DQA (q's layout) and
-    # DROWA (B, Tq, H) with atomics, so no dq kernel runs (5 matmuls per tile instead of 7; not deterministic).
+    # grid (B*Hkv, cdiv(Tk, BLOCK_N)); the first (heaviest) key blocks are scheduled first
     pid_bhk = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = pid_bhk // HKV
@@ -399,8 +388,6 @@ def _attn_bwd_dkdv_kernel(
         LSE_base = LSE + bh.to(tl.int64) * Tq
         DELTA_base = DELTA + bh.to(tl.int64) * Tq
         KSTART_base = KSTART + b.to(tl.int64) * ssb
-        DQA_base = DQA + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh
-        DROWA_base = DROWA + b.to(tl.int64) * Tq * H + h
         lf_k = tl.load(LF_base + pos_k * slt, mask=k_ok, other=0.0)
         ck2 = tl.cumsum(lf_k, 0) * 1.4426950408889634
         mb_hi = mb_last
@@ -428,20 +415,19 @@ def _attn_bwd_dkdv_kernel(
         for mb in range(mb_first, mb_mid):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, DQA_base, DROWA_base, sqt, sdot, slt, sst, H, off + mb * BLOCK_M, off, Tq,
-                qk_scale, offs_m, offs_d, ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE, FUSE_DQ)
+                KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE)
         for mb in range(mb_mid, mb_end):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, DQA_base, DROWA_base, sqt, sdot, slt, sst, H, off + mb * BLOCK_M, off, Tq,
-                qk_scale, offs_m, offs_d, ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, IEEE, FUSE_DQ)
+                KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, IEEE)
         if HAS_HI:
             for mb in range(mb_end, mb_hi + 1):
                 dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                     dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                    KSTART_base, LO_base, DQA_base, DROWA_base, sqt, sdot, slt, sst, H, off + mb * BLOCK_M, off, Tq,
-                    qk_scale, offs_m, offs_d, ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE,
-                    FUSE_DQ)
+                    KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                    ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE)
         # DCOL is (B, Tk, H) contiguous
         tl.store(DCOL + (b.to(tl.int64) * Tk + pos_k) * H + h, colsum, mask=k_ok)
 
