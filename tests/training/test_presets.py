@@ -53,6 +53,8 @@ def test_preset_matches_the_paper(name):
         cfg = compose("config", overrides=[f"experiment=longcrawl64/{name}", "data.data_dir=/data/longcrawl64"])
     validate(cfg)
     assert cfg.model.name == model and cfg.strategy.name == "fsdp" and cfg.data.name == "longcrawl64"
+    # the decoder presets compile (checked with FSDP on 1 and 2 H200s); fla's models run eager
+    assert cfg.strategy.compile == model.startswith(("fox_", "transformer_llama", "transformer_pro"))
     assert (cfg.model.n_layers, cfg.model.d_model) == (n_layers, d_model)
     assert (cfg.model.head_dim, cfg.model.linear_head_dim) == head_dims(model, size)
     assert cfg.data.seq_len == SEQ_LEN and cfg.train.batch_size * cfg.data.seq_len == TOKENS_PER_STEP
