@@ -2,10 +2,10 @@
 
 - ``capture``: each chosen Attention module's input and output, taken with forward hooks (the model code is used
   as is, never patched);
-- ``project``: q, k, v and log f recomputed from that input with the module's own submodules, in the order
-  ``Attention.forward`` applies them (projections → KV-shift → QK-norm → RoPE; the forget gate);
-  ``module_output`` finishes the module from per-head attention outputs, so ``check_layer`` can verify that the
-  recomputation reproduces the output the hook captured (it fails loudly if the model code changes);
+- ``project``: q, k, v and log f recomputed from that input by the module's own ``Attention.project`` (the code
+  ``Attention.forward`` runs); ``module_output`` finishes the module from per-head attention outputs
+  (``Attention.output``), so ``check_layer`` can verify that the float64 reference op on the recomputed inputs
+  reproduces the output the hook captured (it fails loudly if they disagree);
 - ``forget_gate_matrix`` F_ij = exp(c_i - c_j) (j <= i, 0 above the diagonal), ``attention_map``
   A_ij = softmax_{j<=i}(q_i.k_j / sqrt(d) + c_i - c_j), both float64;
 - ``acp_layer_stats``: ACP's threshold delta per head (``acp.acp_threshold``), the forward tiles pruned at a
@@ -18,7 +18,6 @@ import math
 
 import torch
 
-from forgetting_transformer.models.layers import apply_rotary
 from forgetting_transformer.ops import acp
 from forgetting_transformer.ops.reference import forgetting_attention_ref
 
@@ -78,33 +77,14 @@ def capture(model, input_ids: torch.Tensor, layers) -> dict[int, tuple[torch.Ten
 @torch.no_grad()
 def project(attn, x: torch.Tensor):
     """x (B, T, d_model) → q (B, T, H, D), k, v (B, T, Hkv, D) exactly as the attention op receives them, and
-    log f (B, T, H) fp32 (None without a forget gate). Mirrors ``Attention.forward`` without cache / padding."""
-    B, T, _ = x.shape
-    q = attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim)
-    k = attn.k_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim)
-    v = attn.v_proj(x).view(B, T, attn.n_kv_heads, attn.head_dim)
-    if attn.k_shift is not None:
-        k, v = attn.k_shift(x, k), attn.v_shift(x, v)
-    if attn.q_norm is not None:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    if attn.rope_base is not None:
-        pos = torch.arange(T, device=x.device)
-        q, k = apply_rotary(q, pos, attn.rope_base), apply_rotary(k, pos, attn.rope_base)
-    log_f = attn.fgate(x) if attn.fgate is not None else None
-    return q, k, v, log_f
+    log f (B, T, H) fp32 (None without a forget gate): the module's own ``Attention.project``."""
+    return attn.project(x)
 
 
 @torch.no_grad()
 def module_output(attn, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    """Per-head attention outputs o (B, T, H, D) → the module's output (B, T, d_model): output norm, output gate,
-    o_proj, as in ``Attention.forward``."""
-    B, T = x.shape[:2]
-    o = o.to(x.dtype)
-    if attn.o_norm is not None:
-        o = attn.o_norm(o)
-    if attn.g_proj is not None:
-        o = o * torch.sigmoid(attn.g_proj(x)).view(B, T, attn.n_heads, attn.head_dim)
-    return attn.o_proj(o.reshape(B, T, attn.n_heads * attn.head_dim))
+    """Per-head attention outputs o (B, T, H, D) → the module's output (B, T, d_model): ``Attention.output``."""
+    return attn.output(x, o.to(x.dtype))
 
 
 @torch.no_grad()
@@ -162,7 +142,8 @@ def head_matrices(q, k, log_f, heads, *, gates: bool, attention: bool) -> dict[s
 def check_layer(attn, layer: int, x, out, q, k, v, log_f, heads, A=None, rtol: float = 1e-3) -> None:
     """Verify the recomputation against the model: the module output rebuilt from the recomputed q, k, v, log f
     must equal the captured one, and (when given) A @ v of the chosen heads must equal the attention op's output.
-    Raises RuntimeError, so a change to ``Attention.forward`` cannot silently skew the analysis."""
+    Raises RuntimeError, so an attention path the analysis does not model (e.g. ACP pruning) cannot silently skew
+    it."""
     o = heads_output(q, k, v, log_f)  # (1, T, H, D)
     _compare(f"layer {layer}: the module output rebuilt from the recomputed q, k, v, log f", module_output(attn, x, o),
              out, rtol)
@@ -178,7 +159,7 @@ def _compare(what: str, got: torch.Tensor, ref: torch.Tensor, rtol: float) -> No
     scale = max(1.0, ref.double().abs().max().item())
     if not err <= rtol * scale:
         raise RuntimeError(f"{what} differs from the model's (max abs error {err:.3g}, scale {scale:.3g}): "
-                           f"eval/gates/analysis.py no longer mirrors forgetting_transformer.models.layers.Attention")
+                           f"the analysis' float64 reference attention no longer reproduces the model's Attention")
 
 
 def pruned_elements(log_f: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:

@@ -161,6 +161,26 @@ class Attention(nn.Module):
           padding before it is masked as keys; pad queries give 0).
         - ``positions`` (T,) or (B, T): RoPE positions of the new tokens (default ``0 .. T-1``).
         """
+        q, k, v, log_fgate = self.project(x, cache=cache, seq_start=seq_start, positions=positions)
+        if self.fgate is not None:
+            acp = self.acp
+            if acp and self.q_norm is not None:
+                acp = dict(acp, qk_norm_weights=(self.q_norm.weight, self.k_norm.weight))
+            o = forgetting_attention(q, k, v, log_fgate, seq_start=seq_start, **acp)  # (B, T, H, D)
+        elif cache is None and seq_start is None:
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            ).transpose(1, 2)  # (B, T, H, D)
+        else:
+            o = _masked_sdpa(q, k, v, seq_start)
+        return self.output(x, o)
+
+    def project(self, x: torch.Tensor, *, cache: LayerCache | None = None, seq_start: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None):
+        """x (B, T, d_model) → the attention op's inputs: q (B, T, H, D); k, v (B, Tk, Hkv, D) and log f
+        (B, Tk, H) fp32 (None without a forget gate), Tk = cached + new tokens. Separate from ``forward`` so that
+        analyses (eval/gates) read exactly what the op receives."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
@@ -193,18 +213,12 @@ class Attention(nn.Module):
                 log_fgate = log_fgate.masked_fill(pad[:, :, None], 0.0)
         if cache is not None:
             k, v, log_fgate = cache.update(k, v, log_fgate, shift_state)  # (B, Tk, Hkv, D) ×2, (B, Tk, H) | None
-        if self.fgate is not None:
-            acp = self.acp
-            if acp and self.q_norm is not None:
-                acp = dict(acp, qk_norm_weights=(self.q_norm.weight, self.k_norm.weight))
-            o = forgetting_attention(q, k, v, log_fgate, seq_start=seq_start, **acp)  # (B, T, H, D)
-        elif cache is None and seq_start is None:
-            o = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                enable_gqa=self.n_kv_heads != self.n_heads,
-            ).transpose(1, 2)  # (B, T, H, D)
-        else:
-            o = _masked_sdpa(q, k, v, seq_start)
+        return q, k, v, log_fgate
+
+    def output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Per-head attention outputs o (B, T, H, D) → the layer's output (B, T, d_model): output norm, output
+        gate (from the layer input x), o_proj."""
+        B, T = x.shape[:2]
         if self.o_norm is not None:
             o = self.o_norm(o)
         if self.g_proj is not None:

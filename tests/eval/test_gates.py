@@ -80,11 +80,11 @@ def test_recomputation_reproduces_each_attention_modules_output(variant):
         torch.testing.assert_close(rebuilt, out, rtol=1e-5, atol=1e-5)
         A = analysis.head_matrices(q, k, log_f, [0, 3], gates=False, attention=True)["A"]
         analysis.check_layer(attn, layer, x, out, q, k, v, log_f, [0, 3], A)  # also A @ v == the op's heads
-    # the check fails loudly when the recomputation is off, e.g. a forgotten KV-shift or gate
+    # the check fails loudly when the recomputed inputs are off (a scaled key or gate here)
     x, out = captured[1]
     q, k, v, log_f = analysis.project(model.blocks[1].attn, x)
     wrong = (q, 2 * k, v, log_f) if log_f is None else (q, k, v, log_f * 1.5)
-    with pytest.raises(RuntimeError, match="no longer mirrors"):
+    with pytest.raises(RuntimeError, match="no longer reproduces"):
         analysis.check_layer(model.blocks[1].attn, 1, x, out, *wrong, [0])
     A = analysis.head_matrices(q, k, log_f, [1], gates=False, attention=True)["A"]
     with pytest.raises(RuntimeError, match="head 0: A @ v"):  # A of head 1 passed as head 0's
