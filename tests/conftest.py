@@ -47,26 +47,35 @@ def markov_data_dir(tmp_path_factory):
     return d
 
 
+def _train_on_prepared_data(out, data_dir, meta: dict, *overrides: str):
+    """Runs train.py (4-sequence batches, one held-out batch, no per-token loss) on a data dir written by
+    ``prepare_corpus`` (``meta``: its returned metadata) with the given overrides; returns ``out``."""
+    import subprocess
+
+    cmd = [sys.executable, str(ROOT / "train.py"), f"output_dir={out}", "data=longcrawl64", f"data.data_dir={data_dir}",
+           f"data.vocab_size={meta['vocab_size']}", f"data.bos_id={meta['bos_id']}", "train.batch_size=4",
+           "train.micro_batch_size=4", "eval.heldout_batches=1", "eval.per_token_loss=false", *overrides]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def train_on_prepared_data():
+    """``fn(out, data_dir, meta, *overrides)``: train.py on a ``prepare_corpus`` data dir (see above)."""
+    return _train_on_prepared_data
+
+
 @pytest.fixture(scope="session")
 def tiny_text_run(tmp_path_factory):
     """A run directory written by train.py: a tiny FoX (Pro) trained 4 steps on 3 books of the embedded corpus
     (512-token BPE, rows of 1,024 tokens), with the tokenizer.json in its data dir. For evaluation tests: the
     model is real but untrained-quality. Returns the run dir; ``run/config.yaml`` names the data dir."""
-    import os
-    import subprocess
-
     from forgetting_transformer.data.prepare import EMBEDDED_CORPUS, prepare_corpus
 
     tmp = tmp_path_factory.mktemp("tiny_text_run")
     meta = prepare_corpus([str(EMBEDDED_CORPUS)], tmp / "data", vocab_size=512, doc_len=1024, heldout_docs=1,
                           max_docs=3, progress=False)
-    out = tmp / "run"
-    cmd = [sys.executable, str(ROOT / "train.py"), f"output_dir={out}", "data=longcrawl64",
-           f"data.data_dir={tmp / 'data'}", "data.seq_len=256", f"data.vocab_size={meta['vocab_size']}",
-           f"data.bos_id={meta['bos_id']}", "model.n_layers=2", "model.d_model=64", "model.head_dim=32",
-           "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=4", "eval.heldout_batches=1",
-           "eval.per_token_loss=false"]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out
+    return _train_on_prepared_data(tmp / "run", tmp / "data", meta, "data.seq_len=256", "model.n_layers=2",
+                                   "model.d_model=64", "model.head_dim=32", "train.max_steps=4")

@@ -2,7 +2,6 @@
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -164,7 +163,7 @@ WORDS = ("the of and to in a is that it was he for on are as with his they at be
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, train_on_prepared_data):
     """A tiny FoX (Pro) + RoPE run trained by train.py on a data dir with its own tokenizer.json."""
     from forgetting_transformer.data.prepare import prepare_corpus
 
@@ -176,15 +175,8 @@ def run(tmp_path_factory):
         texts.append(tmp / f"doc{i}.txt")
     meta = prepare_corpus([str(t) for t in texts], tmp / "data", vocab_size=300, doc_len=64, heldout_docs=1,
                           progress=False, _print_summary=False)
-    out = tmp / "run"
-    cmd = [sys.executable, str(ROOT / "train.py"), f"output_dir={out}", "model=fox_pro_rope", "data=longcrawl64",
-           f"data.data_dir={tmp / 'data'}", "data.seq_len=32", f"data.vocab_size={meta['vocab_size']}",
-           f"data.bos_id={meta['bos_id']}", "model.n_layers=1", "model.d_model=32", "model.n_heads=2",
-           "train.batch_size=4", "train.micro_batch_size=4", "train.max_steps=2", "eval.heldout_batches=1",
-           "eval.per_token_loss=false"]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert res.returncode == 0, res.stderr[-3000:]
+    out = train_on_prepared_data(tmp / "run", tmp / "data", meta, "model=fox_pro_rope", "data.seq_len=32",
+                                 "model.n_layers=1", "model.d_model=32", "model.n_heads=2", "train.max_steps=2")
     return tmp, out
 
 
