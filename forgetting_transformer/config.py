@@ -44,6 +44,9 @@ class ModelConfig:
     conv_size: int = 4  # causal short-convolution width (Mamba, Mamba-2, DeltaNet)
     linear_head_dim: int = 128  # DeltaNet q/k/v head width; HGRN2 state expansion (d_model / it heads)
     window_size: int = 2048  # sliding-window attention (fla_swa, fla_samba): keys per query, its own included
+    # Mamba-2's scan kernel: auto | simple_gla | gla (auto = gla on Hopper GPUs, where fla's simple_gla backward is
+    # wrong or crashes; docs/baselines.md)
+    ssd_kernel: str = "auto"
     mamba_mlp_hidden_ratio: float = 2.0  # Samba: SwiGLU width after the Mamba layers (after attention: mlp_hidden_ratio)
 
 
@@ -164,12 +167,16 @@ def _require(cond: bool, key: str, value: Any, why: str) -> None:
         raise ConfigError(f"invalid config: {key}={value!r}: {why}")
 
 
+SSD_KERNELS = ("auto", "simple_gla", "gla")
+
+
 def _validate_fla(m, n_heads: int) -> None:
     """The fla baselines' keys (models/baselines.py)."""
     for key in ("state_size", "expand", "window_size"):
         _require(m[key] > 0, f"model.{key}", m[key], "must be > 0")
     _require(m.conv_size >= 2, "model.conv_size", m.conv_size, "must be >= 2")
     _require(m.mamba_mlp_hidden_ratio > 0, "model.mamba_mlp_hidden_ratio", m.mamba_mlp_hidden_ratio, "must be > 0")
+    _require(m.ssd_kernel in SSD_KERNELS, "model.ssd_kernel", m.ssd_kernel, f"must be one of {', '.join(SSD_KERNELS)}")
     if m.arch in ("fla_deltanet", "fla_hgrn2"):
         _require(m.linear_head_dim > 0 and m.d_model % m.linear_head_dim == 0, "model.linear_head_dim",
                  m.linear_head_dim, f"must divide model.d_model={m.d_model}")

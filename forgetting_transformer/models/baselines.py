@@ -77,6 +77,7 @@ def _import_fla():
             from fla.layers import mamba as mamba_module
             from fla.modules import layernorm_gated
             from fla.ops.attn.parallel import parallel_attn
+            from fla.ops.gla import chunk_gla, fused_recurrent_gla
             from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
     except ImportError as e:
         raise ImportError(f"the fla baselines ({', '.join(FLA_ARCHS)}) need flash-linear-attention: {INSTALL_HINT}"
@@ -89,8 +90,8 @@ def _import_fla():
         _autotune_first_config()
     norms = (modules.RMSNorm, layernorm_gated.RMSNormGated, modules.FusedRMSNormGated)
     return dict(layers=layers, norms=norms, parallel_attn=parallel_attn, chunk_simple_gla=chunk_simple_gla,
-                fused_recurrent_simple_gla=fused_recurrent_simple_gla,
-                mamba_fast_path=mamba_module.is_fast_path_available)
+                fused_recurrent_simple_gla=fused_recurrent_simple_gla, chunk_gla=chunk_gla,
+                fused_recurrent_gla=fused_recurrent_gla, mamba_fast_path=mamba_module.is_fast_path_available)
 
 
 def _restore_fox_auto_classes() -> None:
@@ -131,10 +132,32 @@ def _mamba2_ssd_class():
     ``S_t = exp(dt_t A) S_{t-1} + B_t^T (dt_t x_t)``, ``y_t = C_t S_t + D x_t``, so fla's ``chunk_simple_gla``
     computes it (q = C, k = B, v = dt x, log decay g = dt A). Under the Triton interpreter it runs
     ``fused_recurrent_simple_gla`` instead (see ``_recurrent_mode``). Parameters are fla's, unchanged.
+
+    ``ssd_kernel="gla"`` runs the same scan through fla's GLA kernels instead (``chunk_gla`` /
+    ``fused_recurrent_gla``), with the scalar decay repeated over the state dimension: the same recurrence, other
+    kernels. On Hopper GPUs fla's gated ``simple_gla`` backward is wrong with triton < 3.7.1 (fla refuses it) and
+    crashes at 2k-token sequences with 3.7.1 (triton-lang/triton#11366), so ``"auto"`` picks ``"gla"`` there.
     """
     fla = _import_fla()
 
     class Mamba2SSD(fla["layers"].Mamba2):
+        def __init__(self, *args, ssd_kernel: str = "auto", **kwargs):
+            super().__init__(*args, **kwargs)
+            self.ssd_kernel = ssd_kernel
+
+        def _scan(self, q, k, v, log_decay):
+            """q, k (B, T, H, N), v (B, T, H, P), log_decay (B, T, H) fp32 → y (B, T, H, P)."""
+            kernel = self.ssd_kernel
+            if kernel == "auto":
+                kernel = "gla" if v.is_cuda and torch.cuda.get_device_capability(v.device)[0] == 9 else "simple_gla"
+            prefix = "fused_recurrent_" if _recurrent_mode() else "chunk_"
+            if kernel == "simple_gla":
+                return fla[prefix + "simple_gla"](q, k, v, g=log_decay, scale=1.0)[0]
+            gk = log_decay[..., None].expand(q.shape).contiguous()  # (B, T, H, N): one decay for every state row
+            if _recurrent_mode():
+                return fla["fused_recurrent_gla"](q, k, v, gk=gk, scale=1.0)[0]
+            return fla["chunk_gla"](q, k, v, g=gk, scale=1.0)[0]
+
         def forward(self, hidden_states: torch.Tensor, **unused) -> torch.Tensor:
             B, T, _ = hidden_states.shape
             H, P, N = self.num_heads, self.head_dim, self.ssm_state_size
@@ -147,8 +170,7 @@ def _mamba2_ssd_class():
             v = (x.float() * dt[..., None]).to(x.dtype)
             q = c[:, :, None, :].expand(B, T, H, N)
             k = b[:, :, None, :].expand(B, T, H, N)
-            scan = fla["fused_recurrent_simple_gla" if _recurrent_mode() else "chunk_simple_gla"]
-            y, _ = scan(q.contiguous(), k.contiguous(), v, g=log_decay, scale=1.0)
+            y = self._scan(q.contiguous(), k.contiguous(), v, log_decay)
             y = y + x * self.D.to(x.dtype)[:, None]  # (B, T, H, P); D per head
             y = self.norm(y.reshape(B, T, self.intermediate_size), gate)  # RMSNorm(y * silu(gate))
             return self.out_proj(y.to(hidden_states.dtype))
@@ -219,7 +241,7 @@ def _build_blocks(cfg, fla) -> list[nn.Module]:
         ssd = _mamba2_ssd_class()
         return [FlaBlock(cfg, ssd(hidden_size=d, head_dim=cfg.head_dim, state_size=cfg.state_size,
                                   expand=cfg.expand, n_groups=1, conv_kernel=cfg.conv_size, chunk_size=256,
-                                  norm_eps=cfg.norm_eps), None)
+                                  norm_eps=cfg.norm_eps, ssd_kernel=cfg.ssd_kernel), None)
                 for _ in range(2 * cfg.n_layers)]
     if cfg.arch == "fla_deltanet":
         return [FlaBlock(cfg, L.DeltaNet(mode=mode, hidden_size=d, num_heads=d // cfg.linear_head_dim,

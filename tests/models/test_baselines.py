@@ -133,6 +133,33 @@ def test_mamba2_scan_matches_flas_naive_ssd():
         assert_rel_close(layer(h), fla_layers.Mamba2.forward(layer, h)[0], REL_TOL)
 
 
+def _mamba2_gla_vs_simple_gla(device, T, hidden, head_dim, state, chunk, tol):
+    """Mamba-2 layers with ssd_kernel="gla" and "simple_gla" and the same weights: equal outputs and gradients."""
+    torch.manual_seed(0)
+    kw = dict(hidden_size=hidden, head_dim=head_dim, state_size=state, expand=2, n_groups=1, conv_kernel=4,
+              chunk_size=chunk)
+    ssd = baselines._mamba2_ssd_class()
+    a, b = ssd(**kw, ssd_kernel="simple_gla").to(device), ssd(**kw, ssd_kernel="gla").to(device)
+    with torch.no_grad():
+        a.A_log.uniform_(-1, 1)  # decays from fast to slow, so the gate's sign and scale matter
+    b.load_state_dict(a.state_dict())
+    h = torch.randn(2, T, hidden, device=device)
+    ya, yb = a(h), b(h)
+    assert_rel_close(yb, ya, tol)
+    ya.square().sum().backward()
+    yb.square().sum().backward()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert_rel_close(pb.grad, pa.grad, tol)
+
+
+def test_mamba2_gla_kernel_computes_the_simple_gla_scan():
+    """model.ssd_kernel=gla (fla's GLA kernels, the scalar decay repeated over the state) is the same recurrence as
+    simple_gla: output and every parameter gradient agree (here through fla's recurrent kernels)."""
+    _mamba2_gla_vs_simple_gla(DEVICE, 40, 32, 16, 16, 16, REL_TOL)
+    cfg = config("mamba2", "model.ssd_kernel=gla")
+    assert all(blk.mixer.ssd_kernel == "gla" for blk in build_model(cfg.model).blocks)
+
+
 def test_sliding_window_attention_matches_masked_sdpa():
     cfg = config("transformer_swa", "model.window_size=8", "model.head_dim=16")
     torch.manual_seed(0)
@@ -174,6 +201,7 @@ def test_cpu_without_the_interpreter_says_how_to_run(monkeypatch):
     ("samba", "model.n_kv_heads=1", "model.n_kv_heads=1"),
     ("samba", "model.conv_size=1", "model.conv_size=1"),
     ("samba", "model.mamba_mlp_hidden_ratio=0", "model.mamba_mlp_hidden_ratio=0"),
+    ("mamba2", "model.ssd_kernel=chunked", "model.ssd_kernel='chunked'"),
 ])
 def test_bad_values_name_the_key(name, override, key):
     with pytest.raises(ConfigError, match=re.escape(key)):
@@ -305,6 +333,22 @@ def test_gpu_mamba2_chunked_scan_matches_flas_naive_ssd_at_length():
     h = torch.randn(1, 1000, 256, device="cuda")
     with torch.no_grad():
         assert_rel_close(layer(h), fla_layers.Mamba2.forward(layer, h)[0], REL_TOL)
+
+
+@gpu
+def test_gpu_mamba2_gla_kernel_matches_simple_gla_forward():
+    """The chunked GLA route ("auto" on Hopper) against chunk_simple_gla, forward only: simple_gla's backward is
+    the part that is broken on Hopper (docs/baselines.md)."""
+    fla_layers = baselines._import_fla()["layers"]
+    torch.manual_seed(0)
+    layer = baselines._mamba2_ssd_class()(hidden_size=256, head_dim=64, state_size=128, expand=2, n_groups=1,
+                                          conv_kernel=4, chunk_size=128, ssd_kernel="gla").cuda()
+    h = torch.randn(1, 2048, 256, device="cuda")
+    with torch.no_grad():
+        y_gla = layer(h)
+        layer.ssd_kernel = "simple_gla"
+        assert_rel_close(y_gla, layer(h), REL_TOL)
+        assert_rel_close(y_gla, fla_layers.Mamba2.forward(layer, h)[0], REL_TOL)
 
 
 @gpu
