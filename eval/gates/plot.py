@@ -15,12 +15,10 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.colors import LogNorm, Normalize
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import LogNorm, Normalize  # noqa: E402
+from eval.plotting import plt, save_figure
 
 ACP_METRICS = {"tile": "tile_fraction", "element": "element_fraction"}
 
@@ -62,11 +60,7 @@ def plot_gates(result_dir, out_png, *, f_min: float = 1e-6, a_scale: str = "log"
         sub.colorbar(im, ax=axes, shrink=0.8, label=key)
         sub.suptitle(title, fontsize=10)
     fig.suptitle(f"{rec.get('name', '')}: {rec['tokens']} tokens (rows: query i, columns: key j)", fontsize=11)
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png, dpi=110)
 
 
 def per_head_fractions(acp_rec: dict, metric: str = "tile") -> tuple[list[int], list[np.ndarray]]:
@@ -110,11 +104,7 @@ def plot_acp(acp_json, out_png, *, metric: str = "tile") -> Path:
     fig.suptitle(f"ACP on {rec['name']}: {rec['tokens']} tokens, threshold {rec['threshold']}; "
                  f"{overall:.1f}% pruned overall", fontsize=11)
     fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png, dpi=110)
 
 
 def main(argv=None) -> None:

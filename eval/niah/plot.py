@@ -12,12 +12,10 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.colors import LinearSegmentedColormap
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import LinearSegmentedColormap  # noqa: E402
+from eval.plotting import plt, save_figure
 
 # The red → yellow → green map of the usual NIAH plots (gkamradt's and FoX's plot scripts).
 CMAP = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])
@@ -73,11 +71,7 @@ def plot_niah(result_files, out_png, *, annotate: bool = True) -> Path:
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth (%)")
     fig.colorbar(im, ax=axes[0].tolist(), label="score (1-10)", fraction=0.04, pad=0.02)
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png, dpi=120, bbox_inches="tight")
 
 
 def main(argv=None) -> None:

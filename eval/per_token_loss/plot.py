@@ -9,11 +9,9 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from eval.plotting import plt, save_figure
 
 
 def moving_average(x: np.ndarray, window: int) -> np.ndarray:
@@ -63,11 +61,7 @@ def plot_per_token_loss(result_files, out_png, *, window: int = 101, logx: bool 
     ax_cum.set_ylabel("cumulative average loss (nats)")
     ax_cum.set_title("Average loss over the first l tokens")
     fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
+    return save_figure(fig, out_png, dpi=120)
 
 
 def main(argv=None) -> None:
