@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:
 
 from eval.lm_eval_harness import table as table1  # noqa: E402
 from eval.longbench import table as table2  # noqa: E402
+from eval.tables import mark, rank_marks, tex_escape  # noqa: E402
 
 TITLES = {"1": "Table 1: LM-eval-harness (zero-shot)", "2": "Table 2: LongBench",
           "3": "Table 3: ablations (perplexity of held-out data)"}
@@ -143,27 +144,19 @@ def load_ablation_row(spec: str) -> dict:
             "source": str(path)}
 
 
-def _tex(s: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#")):
-        s = s.replace(a, b)
-    return s
-
-
 def render_table3(rows: list[dict], *, latex: bool = False) -> str:
-    marks = table1.rank_marks([r["perplexity"] for r in rows], lower=True)
+    marks = rank_marks([r["perplexity"] for r in rows], lower=True)
     headers = ["Model"] + [h for h, _ in SWITCHES] + ["Perplexity↓"]
     body = []
-    for r, mark in zip(rows, marks):
+    for r, rank in zip(rows, marks):
         ticks = [GATE_KINDS[r["switches"][k]] if k == "fgate" else ("✓" if r["switches"][k] else "")
                  for _, k in SWITCHES]
         ppl = f"{r['perplexity']:.2f}"
         if latex:
             ticks = [r"\checkmark" if t == "✓" else t for t in ticks]
-            ppl = {1: rf"\textbf{{{ppl}}}", 2: rf"\underline{{{ppl}}}"}.get(mark, ppl)
-            body.append(" & ".join([_tex(r["label"])] + ticks + [ppl]) + r" \\")
+            body.append(" & ".join([tex_escape(r["label"])] + ticks + [mark(ppl, rank, True)]) + r" \\")
         else:
-            ppl = {1: f"**{ppl}**", 2: f"<u>{ppl}</u>"}.get(mark, ppl)
-            body.append("| " + " | ".join([r["label"]] + ticks + [ppl]) + " |")
+            body.append("| " + " | ".join([r["label"]] + ticks + [mark(ppl, rank, False)]) + " |")
     if latex:
         head = " & ".join(headers).replace("↓", r"$\downarrow$") + r" \\"
         return "\n".join([r"\begin{tabular}{l" + "c" * (len(headers) - 1) + "}", r"\toprule", head, r"\midrule",

@@ -14,6 +14,8 @@ import argparse
 import json
 from pathlib import Path
 
+from eval.tables import mark, rank_marks, tex_escape
+
 # (header, task, metric, lower_is_better)
 COLUMNS = [
     ("Wiki ppl↓", "wikitext", "word_perplexity", True),
@@ -44,13 +46,6 @@ def load_row(path) -> tuple[str, list[float | None]]:
     return rec.get("name", Path(path).stem), vals
 
 
-def rank_marks(values: list[float | None], lower: bool) -> list[int]:
-    """Per value: 1 = best, 2 = second best (ties share a rank), 0 = otherwise / missing."""
-    distinct = sorted({v for v in values if v is not None}, reverse=not lower)
-    ranks = {v: i + 1 for i, v in enumerate(distinct[:2])}
-    return [ranks.get(v, 0) if v is not None else 0 for v in values]
-
-
 def render(files, *, latex: bool = False) -> str:
     rows = [load_row(f) for f in files]
     headers = [c[0] for c in COLUMNS] + ["Avg↑"]
@@ -58,16 +53,13 @@ def render(files, *, latex: bool = False) -> str:
     cells = [[("-" if v is None else f"{v:.2f}" if lw else f"{v:.1f}") for v, lw in zip(vals, lowers)]
              for _, vals in rows]
     for j, lw in enumerate(lowers):
-        for i, mark in enumerate(rank_marks([vals[j] for _, vals in rows], lw)):
-            if mark == 1:
-                cells[i][j] = f"\\textbf{{{cells[i][j]}}}" if latex else f"**{cells[i][j]}**"
-            elif mark == 2:
-                cells[i][j] = f"\\underline{{{cells[i][j]}}}" if latex else f"<u>{cells[i][j]}</u>"
+        for i, rank in enumerate(rank_marks([vals[j] for _, vals in rows], lw)):
+            cells[i][j] = mark(cells[i][j], rank, latex)
     if latex:
         hdr = [h.replace("↓", "$\\downarrow$").replace("↑", "$\\uparrow$") for h in headers]
         lines = ["\\begin{tabular}{l" + "c" * len(headers) + "}", "\\toprule",
                  "Model & " + " & ".join(hdr) + " \\\\", "\\midrule"]
-        lines += [f"{name.replace('_', chr(92) + '_')} & " + " & ".join(c) + " \\\\"
+        lines += [f"{tex_escape(name)} & " + " & ".join(c) + " \\\\"
                   for (name, _), c in zip(rows, cells)]
         lines += ["\\bottomrule", "\\end{tabular}"]
         return "\n".join(lines)

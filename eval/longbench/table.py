@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from eval.longbench.run import SYNTHETIC_DATASETS, TABLE2_GROUPS
+from eval.tables import mark, rank_marks, tex_escape
 
 LABELS = {
     "narrativeqa": "NarrativeQA", "qasper": "Qasper", "multifieldqa_en": "MFQA", "hotpotqa": "HotpotQA",
@@ -61,52 +62,29 @@ def layout(rows, datasets=None) -> tuple[list[tuple[str, list[str]]], list[list[
     return groups, matrix
 
 
-def _best(matrix) -> list[float | None]:
-    return [max((r[j] for r in matrix if r[j] is not None), default=None) for j in range(len(matrix[0]))] \
-        if matrix else []
-
-
-def _second(matrix) -> list[float | None]:
-    """Per column the second-highest distinct value (None when a column has fewer than two)."""
-    cols = [sorted({r[j] for r in matrix if r[j] is not None}, reverse=True) for j in range(len(matrix[0]))] \
-        if matrix else []
-    return [c[1] if len(c) > 1 else None for c in cols]
-
-
-def _cell(v, best, bold, second=None, underline=None) -> str:
-    if v is None:
-        return "–"
-    s = f"{v:.2f}"
-    if best is not None and v == best:
-        return bold(s)
-    return underline(s) if underline is not None and second is not None and v == second else s
+def _marked(matrix, underline_second: bool, latex: bool) -> list[list[str]]:
+    """The matrix as cells: "–" for missing, 2 decimals, each column's best in bold (and second underlined)."""
+    col_ranks = [rank_marks(list(col), lower=False) for col in zip(*matrix)]  # [column][row]
+    return [["–" if v is None else mark(f"{v:.2f}", rank if rank == 1 or underline_second else 0, latex)
+             for v, rank in zip(vals, (ranks[i] for ranks in col_ranks))] for i, vals in enumerate(matrix)]
 
 
 def markdown(rows, datasets=None, *, underline_second: bool = False) -> str:
     """``underline_second``: also underline each column's second-best value (as the paper's Table 2)."""
     groups, matrix = layout(rows, datasets)
     cols = [d for _, ds in groups for d in ds]
-    best = _best(matrix)
-    second = _second(matrix) if underline_second else [None] * len(best)
     head = ["Model"] + [LABELS.get(d, d) for d in cols] + [AVG]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
-    for (name, _), vals in zip(rows, matrix):
-        lines.append("| " + " | ".join([name] + [_cell(v, b, lambda s: f"**{s}**", s2, lambda s: f"<u>{s}</u>")
-                                                 for v, b, s2 in zip(vals, best, second)]) + " |")
+    for (name, _), cells in zip(rows, _marked(matrix, underline_second, latex=False)):
+        lines.append("| " + " | ".join([name] + cells) + " |")
     legend = "; ".join(f"{g}: {', '.join(LABELS.get(d, d) for d in ds)}" for g, ds in groups)
     marks = "Best of each column in bold" + (", second underlined" if underline_second else "")
     return "\n".join(lines) + f"\n\nGroups — {legend}. {marks}.\n"
 
 
-def _tex(s: str) -> str:
-    return s.replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("&", r"\&").replace("%", r"\%")
-
-
 def latex(rows, datasets=None, *, underline_second: bool = False) -> str:
     groups, matrix = layout(rows, datasets)
     cols = [d for _, ds in groups for d in ds]
-    best = _best(matrix)
-    second = _second(matrix) if underline_second else [None] * len(best)
     out = [r"\begin{tabular}{l" + "r" * (len(cols) + 1) + "}", r"\toprule"]
     group_cells, rules, start = [], [], 2
     for g, ds in groups:
@@ -115,12 +93,10 @@ def latex(rows, datasets=None, *, underline_second: bool = False) -> str:
         start += len(ds)
     out.append(r"\multirow{2}{*}{Model} & " + " & ".join(group_cells) + r" & \multirow{2}{*}{" + AVG + r"} \\")
     out.append("".join(rules))
-    out.append(" & " + " & ".join(LABELS.get(d, _tex(d)) for d in cols) + r" & \\")
+    out.append(" & " + " & ".join(LABELS.get(d, tex_escape(d)) for d in cols) + r" & \\")
     out.append(r"\midrule")
-    for (name, _), vals in zip(rows, matrix):
-        cells = [_cell(v, b, lambda s: rf"\textbf{{{s}}}", s2, lambda s: rf"\underline{{{s}}}")
-                 for v, b, s2 in zip(vals, best, second)]
-        out.append(" & ".join([_tex(name)] + cells) + r" \\")
+    for (name, _), cells in zip(rows, _marked(matrix, underline_second, latex=True)):
+        out.append(" & ".join([tex_escape(name)] + cells) + r" \\")
     out += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(out) + "\n"
 
