@@ -184,6 +184,17 @@ def profile(fn, inputs, title):
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60), flush=True)
 
 
+def acp_inputs(B, T, H, D, local_heads):
+    """ACP's benchmark inputs: q / k QK-normed (RMSNorm with unit weights, returned as ``w``), log f = -1.3 for the
+    first ``local_heads`` heads (local) and -1e-4 for the others (global). Returns (q, k, v, lf), w."""
+    q, k, v, _ = make_inputs(B, T, H, D)
+    q = (F.normalize(q.float(), dim=-1) * D ** 0.5).bfloat16()
+    k = (F.normalize(k.float(), dim=-1) * D ** 0.5).bfloat16()
+    lf = torch.full((B, T, H), -1e-4, device="cuda")
+    lf[..., :local_heads] = -1.3
+    return (q, k, v, lf), torch.ones(D, device="cuda")
+
+
 def bench_acp(shapes, profile_acp=False):
     """ACP speedup over our own dense time: half the heads local (log f = -1.3), half global (-1e-4), QK-normed
     q / k (RMSNorm, unit weights), threshold 'auto' with eps = e^-10."""
@@ -192,12 +203,7 @@ def bench_acp(shapes, profile_acp=False):
     rows = []
     for sname in shapes:
         B, T, H, D = SHAPES[sname]
-        q, k, v, _ = make_inputs(B, T, H, D)
-        q = (F.normalize(q.float(), dim=-1) * D ** 0.5).bfloat16()
-        k = (F.normalize(k.float(), dim=-1) * D ** 0.5).bfloat16()
-        lf = torch.full((B, T, H), -1e-4, device="cuda")
-        lf[..., : H // 2] = -1.3
-        w = torch.ones(D, device="cuda")
+        (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=H // 2)
         dense = lambda q, k, v, lf: forgetting_attention(q, k, v, lf)  # noqa: E731
         acp = lambda q, k, v, lf: forgetting_attention(  # noqa: E731
             q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
