@@ -133,29 +133,23 @@ def test_mamba2_scan_matches_flas_naive_ssd():
         assert_rel_close(layer(h), fla_layers.Mamba2.forward(layer, h)[0], REL_TOL)
 
 
-def _mamba2_gla_vs_simple_gla(device, T, hidden, head_dim, state, chunk, tol):
-    """Mamba-2 layers with ssd_kernel="gla" and "simple_gla" and the same weights: equal outputs and gradients."""
-    torch.manual_seed(0)
-    kw = dict(hidden_size=hidden, head_dim=head_dim, state_size=state, expand=2, n_groups=1, conv_kernel=4,
-              chunk_size=chunk)
-    ssd = baselines._mamba2_ssd_class()
-    a, b = ssd(**kw, ssd_kernel="simple_gla").to(device), ssd(**kw, ssd_kernel="gla").to(device)
-    with torch.no_grad():
-        a.A_log.uniform_(-1, 1)  # decays from fast to slow, so the gate's sign and scale matter
-    b.load_state_dict(a.state_dict())
-    h = torch.randn(2, T, hidden, device=device)
-    ya, yb = a(h), b(h)
-    assert_rel_close(yb, ya, tol)
-    ya.square().sum().backward()
-    yb.square().sum().backward()
-    for pa, pb in zip(a.parameters(), b.parameters()):
-        assert_rel_close(pb.grad, pa.grad, tol)
-
-
 def test_mamba2_gla_kernel_computes_the_simple_gla_scan():
     """model.ssd_kernel=gla (fla's GLA kernels, the scalar decay repeated over the state) is the same recurrence as
     simple_gla: output and every parameter gradient agree (here through fla's recurrent kernels)."""
-    _mamba2_gla_vs_simple_gla(DEVICE, 40, 32, 16, 16, 16, REL_TOL)
+    torch.manual_seed(0)
+    kw = dict(hidden_size=32, head_dim=16, state_size=16, expand=2, n_groups=1, conv_kernel=4, chunk_size=16)
+    ssd = baselines._mamba2_ssd_class()
+    a, b = ssd(**kw, ssd_kernel="simple_gla").to(DEVICE), ssd(**kw, ssd_kernel="gla").to(DEVICE)
+    with torch.no_grad():
+        a.A_log.uniform_(-1, 1)  # decays from fast to slow, so the gate's sign and scale matter
+    b.load_state_dict(a.state_dict())
+    h = torch.randn(2, 40, 32, device=DEVICE)
+    ya, yb = a(h), b(h)
+    assert_rel_close(yb, ya, REL_TOL)
+    ya.square().sum().backward()
+    yb.square().sum().backward()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert_rel_close(pb.grad, pa.grad, REL_TOL)
     cfg = config("mamba2", "model.ssd_kernel=gla")
     assert all(blk.mixer.ssd_kernel == "gla" for blk in build_model(cfg.model).blocks)
 
