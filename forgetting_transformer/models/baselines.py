@@ -1,8 +1,9 @@
 """The paper's recurrent and local-attention baselines, with their token mixers from flash-linear-attention (fla).
 
-Every baseline is the same LM as ``DecoderLM`` around a different token mixer: untied embedding and LM head,
-pre-norm RMSNorm residual blocks, our SwiGLU MLP, a final RMSNorm, N(0, init_std) weights, the per-token loss
-from ``chunked_cross_entropy``. ``model.arch`` picks the mixer (docs/baselines.md has the paper's settings):
+Every baseline is a ``CausalLM`` like ``DecoderLM`` (models/decoder.py) around a different token mixer: untied
+embedding and LM head, pre-norm RMSNorm residual blocks, our SwiGLU MLP, a final RMSNorm, N(0, init_std) weights,
+the per-token loss from ``chunked_cross_entropy``. ``model.arch`` picks the mixer (docs/baselines.md has the
+paper's settings):
 
 - ``fla_mamba2``: Mamba-2 (fla ``Mamba2``), no MLP, so ``2 * model.n_layers`` blocks (the paper's 24/48/48);
   the SSD scan runs on fla's GLA kernels (``_mamba2_ssd_class``).
@@ -32,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .decoder import chunked_cross_entropy
+from .decoder import CausalLM
 from .layers import RMSNorm, SwiGLU, apply_rotary, mlp_hidden_size
 
 FLA_ARCHS = ("fla_mamba2", "fla_deltanet", "fla_hgrn2", "fla_samba", "fla_swa")
@@ -266,24 +267,19 @@ def _build_blocks(cfg, fla) -> list[nn.Module]:
     raise ValueError(f"model.arch={cfg.arch!r} is not an fla baseline; choose one of {FLA_ARCHS}")
 
 
-class FlaLM(nn.Module):
+class FlaLM(CausalLM):
     """A baseline LM (see the module docstring); ``model.arch`` selects the token mixer."""
 
     def __init__(self, cfg):
-        super().__init__()
         fla = _import_fla()
-        self.cfg = cfg
+        with _quiet_fla():
+            super().__init__(cfg, _build_blocks(cfg, fla))
         self._norm_types = (RMSNorm, *fla["norms"])
         self._mamba_type = fla["layers"].Mamba
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        with _quiet_fla():
-            self.blocks = nn.ModuleList(_build_blocks(cfg, fla))
         if cfg.arch == "fla_samba" and not fla["mamba_fast_path"]:
             warnings.warn("fla_samba: mamba_ssm / causal_conv1d are not installed, so fla's Mamba layers run a "
                           "sequential PyTorch scan over the tokens: fine for tests, far too slow for pretraining "
                           "(docs/baselines.md)", stacklevel=2)
-        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -306,17 +302,9 @@ class FlaLM(nn.Module):
             elif isinstance(m, self._mamba_type):
                 _reset_mamba(m)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids (B, T) → per-token loss (B, T) in fp32 when labels are given, else logits (B, T, V)."""
-        h = self.hidden_states(input_ids)
-        if labels is None:
-            return self.lm_head(h)  # (B, T, V)
-        return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk)  # (B, T)
-
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T) → final-norm hidden states (B, T, d_model), the LM head's input."""
-        if input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
-            raise ValueError(f"token id {int(input_ids.max())} >= model.vocab_size={self.cfg.vocab_size}")
+        self.check_token_ids(input_ids)
         if input_ids.device.type != "cuda" and not _interpreting():
             raise RuntimeError(f"model.arch={self.cfg.arch} runs fla's Triton kernels: use a CUDA device, or set "
                                f"TRITON_INTERPRET=1 before starting Python to run them (slowly) on the CPU")

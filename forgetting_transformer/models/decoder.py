@@ -68,15 +68,36 @@ def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, labels: torch.T
     return torch.cat(parts, dim=1)
 
 
-class DecoderLM(nn.Module):
-    def __init__(self, cfg):
+class CausalLM(nn.Module):
+    """What every language model here shares: embedding → ``blocks`` → final norm → LM head, the token-id check,
+    and the output (logits, or the chunked per-token loss). Subclasses pass their ``blocks`` and define
+    ``hidden_states``. Submodules are registered in data-flow order, which ``reset_parameters`` initialises in."""
+
+    def __init__(self, cfg, blocks: list[nn.Module]):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(blocks)
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.chunk_loss = _chunk_loss  # LM head + cross-entropy of one chunk; training may swap in a compiled one
+
+    def forward(self, input_ids: torch.Tensor | None, labels: torch.Tensor | None = None, **inference) -> torch.Tensor:
+        """input_ids (B, T) → per-token loss (B, T) in fp32 when labels are given, else logits (B, T, V).
+        ``inference``: the keyword arguments of ``hidden_states``."""
+        h = self.hidden_states(input_ids, **inference)
+        if labels is None:
+            return self.lm_head(h)  # (B, T, V)
+        return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk, self.chunk_loss)  # (B, T)
+
+    def check_token_ids(self, input_ids: torch.Tensor) -> None:
+        if input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
+            raise ValueError(f"token id {int(input_ids.max())} >= model.vocab_size={self.cfg.vocab_size}")
+
+
+class DecoderLM(CausalLM):
+    def __init__(self, cfg):
+        super().__init__(cfg, [Block(cfg) for _ in range(cfg.n_layers)])
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -96,14 +117,6 @@ class DecoderLM(nn.Module):
     def new_cache(self) -> list[LayerCache]:
         """Empty per-block decoding caches for ``forward(..., cache=...)``."""
         return [LayerCache() for _ in self.blocks]
-
-    def forward(self, input_ids: torch.Tensor | None, labels: torch.Tensor | None = None, **inference) -> torch.Tensor:
-        """input_ids (B, T) → per-token loss (B, T) in fp32 when labels are given, else logits (B, T, V).
-        ``inference``: the keyword arguments of ``hidden_states`` (inputs_embeds, cache, seq_start, positions)."""
-        h = self.hidden_states(input_ids, **inference)
-        if labels is None:
-            return self.lm_head(h)  # (B, T, V)
-        return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk, self.chunk_loss)  # (B, T)
 
     def hidden_states(self, input_ids: torch.Tensor | None, *, inputs_embeds: torch.Tensor | None = None, cache=None,
                       seq_start: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -125,8 +138,8 @@ class DecoderLM(nn.Module):
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.cfg.d_model:
                 raise ValueError(f"inputs_embeds must be (batch, seq_len, d_model={self.cfg.d_model}); "
                                  f"got shape {tuple(inputs_embeds.shape)}")
-        elif input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
-            raise ValueError(f"token id {int(input_ids.max())} >= model.vocab_size={self.cfg.vocab_size}")
+        else:
+            self.check_token_ids(input_ids)
         if cache is not None and len(cache) != len(self.blocks):
             raise ValueError(f"cache has {len(cache)} layers; the model has {len(self.blocks)}")
         past = cache[0].get_seq_length() if cache is not None else 0
