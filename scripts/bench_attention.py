@@ -207,14 +207,16 @@ def bench_acp(shapes, profile_acp=False):
         dense = lambda q, k, v, lf: forgetting_attention(q, k, v, lf)  # noqa: E731
         acp = lambda q, k, v, lf: forgetting_attention(  # noqa: E731
             q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
-        _, st = forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w), return_stats=True)
-        tiles = (st["computed"] + st["pruned"]).sum().item() / st["computed"].sum().item()
-        res = [bench(f, (q, k, v, lf), bwd) for f in (dense, acp) for bwd in (False, True)]
         import importlib
 
         import triton
 
         fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
+        # the tile bound: dense / kept tiles of ACP's grid (the finest tiles any of the kernels prunes)
+        st = fa._acp.tile_stats(lf, fa._acp.acp_threshold(q, k, D ** -0.5, "auto", qk_norm_weights=(w, w)), T,
+                                *fa._acp_grid(max(16, D)))
+        tiles = (st["computed"] + st["pruned"]).sum().item() / st["computed"].sum().item()
+        res = [bench(f, (q, k, v, lf), bwd) for f in (dense, acp) for bwd in (False, True)]
         prep = triton.testing.do_bench(lambda: fa._acp_tables(
             lf, fa._acp.acp_threshold(q, k, D ** -0.5, "auto", qk_norm_weights=(w, w)), T, max(16, D)),
             warmup=25, rep=100, return_mode="median")
