@@ -3,7 +3,7 @@
 (QK-normed q/k, threshold "auto"); then the same with extra tile configs offered to the autotuner
 (--extra-configs), and the configs it picked.
 
-    python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs]
+    python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs] [--profile]
 
 Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups". docs/kernel.md
 quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
@@ -17,7 +17,7 @@ import sys
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_attention import SHAPES, acp_inputs, bench  # noqa: E402  (also puts the repo root on sys.path)
+from bench_attention import SHAPES, acp_inputs, bench, profile  # noqa: E402  (also puts the repo root on sys.path)
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -27,7 +27,7 @@ EXTRA = {"fwd": [(64, 64, 4, 2), (64, 32, 4, 3), (64, 64, 8, 3), (128, 64, 8, 2)
          "dkdv": [(32, 128, 4, 3), (64, 128, 4, 3), (32, 64, 4, 4)]}
 
 
-def run(tag, shapes):
+def run(tag, shapes, profile_mixed=False):
     for s in shapes:
         B, T, H, D = SHAPES[s]
         out = []
@@ -38,6 +38,8 @@ def run(tag, shapes):
                 return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
 
             r = [bench(f, inputs, b) for f in (forgetting_attention, acp) for b in (False, True)]
+            if profile_mixed and mix == "mixed":
+                profile(acp, inputs, f"{s} mixed heads, ACP fwd+bwd")
             out.append(f"{mix}: dense {r[0]:.3f}/{r[1]:.3f} acp {r[2]:.3f}/{r[3]:.3f} -> "
                        f"{r[0] / r[2]:.2f}x/{r[1] / r[3]:.2f}x")
         print(f"[{tag}] {s} " + " | ".join(out), flush=True)
@@ -47,9 +49,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="S1,S3")
     ap.add_argument("--extra-configs", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="print the kernels of one mixed-heads ACP call per shape")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
-    run("default configs", shapes)
+    run("default configs", shapes, args.profile)
     if args.extra_configs:
         orig = fa._gpu_configs
 

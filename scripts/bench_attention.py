@@ -182,6 +182,10 @@ def profile(fn, inputs, title):
         torch.cuda.synchronize()
     print(f"--- profile: {title}", flush=True)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60), flush=True)
+    # the GPU kernels in launch order (ACP launches each attention kernel twice: wide heads, then narrow heads)
+    gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    print("kernels in order: " + " | ".join(f"{e.name[:28]} {e.time_range.elapsed_us():.0f}us" for e in gpu),
+          flush=True)
 
 
 def acp_inputs(B, T, H, D, local_heads):

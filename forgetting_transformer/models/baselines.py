@@ -131,8 +131,9 @@ def _mamba2_ssd_class():
     SSD that materialises a (chunks, chunk, chunk, heads, state) tensor: ~100 GB per layer at the 760M size and
     16k tokens. Mamba-2's SSD with one group is gated linear attention with a scalar per-head decay:
     ``S_t = exp(dt_t A) S_{t-1} + B_t^T (dt_t x_t)``, ``y_t = C_t S_t + D x_t``, so fla's ``chunk_simple_gla``
-    computes it (q = C, k = B, v = dt x, log decay g = dt A). Under the Triton interpreter it runs
-    ``fused_recurrent_simple_gla`` instead (see ``_recurrent_mode``). Parameters are fla's, unchanged.
+    computes it (q = C, k = B, v = dt x, log decay g = dt A). Under the Triton interpreter (see
+    ``_recurrent_mode``) and for fp32 inputs it runs ``fused_recurrent_simple_gla`` instead (the same recurrence,
+    step by step, exact in fp32); bf16 (training, autocast) runs the chunked kernel. Parameters are fla's.
 
     ``ssd_kernel="gla"`` runs the same scan through fla's GLA kernels instead (``chunk_gla`` /
     ``fused_recurrent_gla``), with the scalar decay repeated over the state dimension: the same recurrence, other
@@ -151,11 +152,14 @@ def _mamba2_ssd_class():
             kernel = self.ssd_kernel
             if kernel == "auto":
                 kernel = "gla" if v.is_cuda and torch.cuda.get_device_capability(v.device)[0] == 9 else "simple_gla"
-            prefix = "fused_recurrent_" if _recurrent_mode() else "chunk_"
+            # fp32 (tests, exact evaluation) runs the recurrent kernels: fla's chunked GLA kernels fault with fp32
+            # inputs on Hopper ("misaligned address" in chunk_gla_fwd_o_gk, triton 3.6); training is bf16
+            recurrent = _recurrent_mode() or v.dtype == torch.float32
+            prefix = "fused_recurrent_" if recurrent else "chunk_"
             if kernel == "simple_gla":
                 return fla[prefix + "simple_gla"](q, k, v, g=log_decay, scale=1.0)[0]
             gk = log_decay[..., None].expand(q.shape).contiguous()  # (B, T, H, N): one decay for every state row
-            if _recurrent_mode():
+            if recurrent:
                 return fla["fused_recurrent_gla"](q, k, v, gk=gk, scale=1.0)[0]
             return fla["chunk_gla"](q, k, v, g=gk, scale=1.0)[0]
 

@@ -56,9 +56,11 @@ def _gpu_configs(kind, narrow=False):
 
     C = triton.Config
     # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each list won on an H200 sweep at D=64 or D=128.
-    if narrow:  # ACP's local heads: a few key blocks per query block, so small tiles waste the least
-        raw = [(64, 64, 4, 3), (64, 64, 4, 2), (64, 32, 4, 3), (32, 64, 4, 3), (64, 64, 8, 2)]
-    elif kind == "fwd":
+    if narrow:  # ACP's local heads: small tiles waste the least, but each program has a fixed cost, so the
+        # autotuner also gets the dense configs
+        return [C(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s)
+                for m, n, w, s in [(64, 64, 4, 2), (64, 32, 4, 3), (32, 64, 4, 3)]] + _gpu_configs(kind)
+    if kind == "fwd":
         raw = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 4)]
     elif kind == "dq":
         raw = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 4), (128, 32, 4, 3), (64, 32, 4, 2)]

@@ -318,15 +318,22 @@ def test_gpu_bf16_training_fits_a_batch(name):
     assert all(math.isfinite(v) for v in losses) and min(losses[-3:]) < losses[0] - 0.3, losses
 
 
+def bf16(fn, *args):
+    """``fn(*args)`` under bf16 autocast, as in training (bf16 inputs select fla's chunked kernels), as fp32."""
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        return fn(*args).float()
+
+
 @gpu
 def test_gpu_mamba2_chunked_scan_matches_flas_naive_ssd_at_length():
+    """bf16 (chunked kernels) against fla's naive SSD in fp32, at 1,000 tokens."""
     fla_layers = baselines._import_fla()["layers"]
     torch.manual_seed(0)
     layer = baselines._mamba2_ssd_class()(hidden_size=256, head_dim=64, state_size=128, expand=2, n_groups=1,
                                           conv_kernel=4, chunk_size=128).cuda()
     h = torch.randn(1, 1000, 256, device="cuda")
     with torch.no_grad():
-        assert_rel_close(layer(h), fla_layers.Mamba2.forward(layer, h)[0], REL_TOL)
+        assert_rel_close(bf16(layer, h), fla_layers.Mamba2.forward(layer, h)[0], 2e-2)
 
 
 @gpu
@@ -338,11 +345,11 @@ def test_gpu_mamba2_gla_kernel_matches_simple_gla_forward():
     layer = baselines._mamba2_ssd_class()(hidden_size=256, head_dim=64, state_size=128, expand=2, n_groups=1,
                                           conv_kernel=4, chunk_size=128, ssd_kernel="gla").cuda()
     h = torch.randn(1, 2048, 256, device="cuda")
+    y_gla = bf16(layer, h)  # bf16: the chunked kernels
+    layer.ssd_kernel = "simple_gla"
+    assert_rel_close(y_gla, bf16(layer, h), 2e-2)
     with torch.no_grad():
-        y_gla = layer(h)
-        layer.ssd_kernel = "simple_gla"
-        assert_rel_close(y_gla, layer(h), REL_TOL)
-        assert_rel_close(y_gla, fla_layers.Mamba2.forward(layer, h)[0], REL_TOL)
+        assert_rel_close(y_gla, fla_layers.Mamba2.forward(layer, h)[0], 2e-2)
 
 
 @gpu
