@@ -56,17 +56,16 @@ def main():
     if args.extra_configs:
         orig = fa._gpu_configs
 
-        def more(kind, narrow=False):  # extra configs for the wide heads' launch
-            extra = [] if narrow else EXTRA[kind]
-            return orig(kind, narrow) + [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=nw, num_stages=st)
-                                         for m, n, nw, st in extra]
+        def more(kind):
+            return orig(kind) + [triton.Config(dict(BLOCK_M=m, BLOCK_N=n), num_warps=nw, num_stages=st)
+                                 for m, n, nw, st in EXTRA[kind]]
 
         fa._gpu_configs = more
         fa._KERNELS.clear()
         run("extended configs", shapes)
-    for (kind, narrow), kern in fa._KERNELS.items():  # the autotuner's picks (key: ..., argument dtypes)
+    for (kind, _), kern in fa._KERNELS.items():  # the autotuner's picks (key: ..., argument dtypes)
         for key, cfg in getattr(kern, "cache", {}).items():
-            print(kind, "narrow" if narrow else "wide", key[-8:], cfg, flush=True)
+            print(kind, key[-8:], cfg, flush=True)
 
 
 if __name__ == "__main__":

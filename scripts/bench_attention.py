@@ -182,7 +182,7 @@ def profile(fn, inputs, title):
         torch.cuda.synchronize()
     print(f"--- profile: {title}", flush=True)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60), flush=True)
-    # the GPU kernels in launch order (ACP launches each attention kernel twice: wide heads, then narrow heads)
+    # the GPU kernels in launch order, with their times (the gaps between them are not shown)
     gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     print("kernels in order: " + " | ".join(f"{e.name[:28]} {e.time_range.elapsed_us():.0f}us" for e in gpu),
           flush=True)
@@ -211,16 +211,14 @@ def bench_acp(shapes, profile_acp=False):
         dense = lambda q, k, v, lf: forgetting_attention(q, k, v, lf)  # noqa: E731
         acp = lambda q, k, v, lf: forgetting_attention(  # noqa: E731
             q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+        _, st = forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w), return_stats=True)
+        tiles = (st["computed"] + st["pruned"]).sum().item() / st["computed"].sum().item()
+        res = [bench(f, (q, k, v, lf), bwd) for f in (dense, acp) for bwd in (False, True)]
         import importlib
 
         import triton
 
         fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
-        # the tile bound: dense / kept tiles of ACP's grid (the finest tiles any of the kernels prunes)
-        st = fa._acp.tile_stats(lf, fa._acp.acp_threshold(q, k, D ** -0.5, "auto", qk_norm_weights=(w, w)), T,
-                                *fa._acp_grid(max(16, D)))
-        tiles = (st["computed"] + st["pruned"]).sum().item() / st["computed"].sum().item()
-        res = [bench(f, (q, k, v, lf), bwd) for f in (dense, acp) for bwd in (False, True)]
         prep = triton.testing.do_bench(lambda: fa._acp_tables(
             lf, fa._acp.acp_threshold(q, k, D ** -0.5, "auto", qk_norm_weights=(w, w)), T, max(16, D)),
             warmup=25, rep=100, return_mode="median")

@@ -100,18 +100,10 @@ def hi_table(lo, Tk, BN):
     return (cnt - 1).to(torch.int32).contiguous()
 
 
-def width_table(lo, Tq, Tk, GM, GN):
-    """(B*H,) int32 from ``lo_table``: the most key blocks any query block of the head keeps (its diagonal
-    block included). The kernels run heads with a small width (local heads) with small tiles."""
-    last = (torch.clamp(_query_block_starts(Tq, Tk, GM, lo.device) + GM, max=Tk) - 1) // GN  # diagonal blocks
-    kept = last + 1 - lo.long()  # (B*H, nq)
-    return (kept.amax(-1) if kept.shape[-1] else kept.sum(-1)).to(torch.int32)
-
-
 def _tables_torch(lf, delta, Tq, GM, GN):
-    """PyTorch equivalent of the Triton ``_acp_tables_kernel``: (lo, hi, width) on the (GM x GN) grid."""
+    """PyTorch equivalent of the Triton ``_acp_tables_kernel``: (lo, hi) on the (GM x GN) grid."""
     lo = lo_table(lf, delta, Tq, GM, GN)
-    return lo, hi_table(lo, lf.shape[1], GN), width_table(lo, Tq, lf.shape[1], GM, GN)
+    return lo, hi_table(lo, lf.shape[1], GN)
 
 
 def lo_for_tiling(lo_g, Tq, GM, GN, BM, BN):

@@ -41,25 +41,15 @@ _INTERPRET_CONFIGS = {
     "dq": dict(BLOCK_M=16, BLOCK_N=32),
     "dkdv": dict(BLOCK_M=16, BLOCK_N=32),
 }
-# ACP's narrow heads (see NARROW_MAX_BLOCKS) run every kernel with ACP's grid as its tiles.
-_INTERPRET_NARROW = dict(BLOCK_M=16, BLOCK_N=16)
-
-# With ACP, a head whose every query block keeps at most this many key blocks of ACP's grid (a local head) runs
-# in a second launch of each kernel, with small tiles; the other heads keep the dense-best tiles.
-NARROW_MAX_BLOCKS = 4
 
 _KERNELS = {}
 
 
-def _gpu_configs(kind, narrow=False):
+def _gpu_configs(kind):
     import triton
 
     C = triton.Config
     # (BLOCK_M, BLOCK_N, num_warps, num_stages); the first of each list won on an H200 sweep at D=64 or D=128.
-    if narrow:  # ACP's local heads: small tiles waste the least, but each program has a fixed cost, so the
-        # autotuner also gets the dense configs
-        return [C(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s)
-                for m, n, w, s in [(64, 64, 4, 2), (64, 32, 4, 3), (32, 64, 4, 3)]] + _gpu_configs(kind)
     if kind == "fwd":
         raw = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 4)]
     elif kind == "dq":
@@ -90,11 +80,9 @@ def _autotune_enabled() -> bool:
     return not _interpreting() and os.environ.get("FOX_AUTOTUNE", "1") != "0"
 
 
-def _heuristic_config(kind, head_dim, narrow=False):
+def _heuristic_config(kind, head_dim):
     """One config per kernel from the head dim alone (no per-GPU table): (BLOCK_M, BLOCK_N, warps, stages)."""
-    if narrow:
-        m, n, w, s = (64, 64, 4, 3) if head_dim <= 128 else (32, 64, 4, 2)
-    elif kind == "fwd":
+    if kind == "fwd":
         m, n, w, s = (128, 64, 4, 3) if head_dim <= 64 else (128, 128, 8, 3) if head_dim <= 128 else (64, 64, 4, 2)
     elif kind == "dq":
         m, n, w, s = (64, 64, 4, 3) if head_dim <= 64 else (128, 64, 8, 3) if head_dim <= 128 else (64, 32, 4, 2)
@@ -103,24 +91,26 @@ def _heuristic_config(kind, head_dim, narrow=False):
     return dict(BLOCK_M=m, BLOCK_N=n), w, s
 
 
-def _kernel(kind, narrow):
-    """The autotuned jit kernel for ``kind`` ("fwd", "dq", "dkdv"); ``narrow``: ACP's narrow-head launch, which
-    has its own configs (and autotuning cache)."""
-    key = (kind, narrow)
+def _kernel(kind):
+    """The jit kernel for ``kind`` (autotuned on a GPU, plain under the interpreter)."""
+    key = (kind, _autotune_enabled())
     if key not in _KERNELS:
-        import triton
+        from . import triton_kernels as tk
 
-        hi_or_lo = "HAS_HI" if kind == "dkdv" else "HAS_LO"
-        _KERNELS[key] = triton.autotune(
-            configs=_gpu_configs(kind, narrow),
-            key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE", hi_or_lo, "LIST"],
-            prune_configs_by={"early_config_prune": _prune(kind)},
-        )(_raw_kernel(kind))
+        fn = {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
+        if _autotune_enabled():
+            import triton
+
+            fn = triton.autotune(
+                configs=_gpu_configs(kind),
+                key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE", "HAS_HI" if kind == "dkdv" else "HAS_LO"],
+                prune_configs_by={"early_config_prune": _prune(kind)},
+            )(fn)
+        _KERNELS[key] = fn
     return _KERNELS[key]
 
 
-# kind -> (meta dict, num_warps, num_stages): forces one config (used by the benchmark's --sweep); the key
-# kind + "_narrow" forces the config of ACP's narrow-head launch.
+# kind -> (meta dict, num_warps, num_stages): forces one config (used by the benchmark's --sweep).
 _FORCE_CONFIGS = {}
 
 
@@ -130,14 +120,13 @@ def _raw_kernel(kind):
     return {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
 
 
-def _fixed_config(kind, block_d, narrow=False):
+def _fixed_config(kind, block_d):
     """The (meta, warps, stages) used when autotuning is off (and the tiles that set ACP's grid)."""
     if _interpreting():
-        return (_INTERPRET_NARROW if narrow else _INTERPRET_CONFIGS[kind]), 4, 1
-    forced = kind + "_narrow" if narrow else kind
-    if forced in _FORCE_CONFIGS:
-        return _FORCE_CONFIGS[forced]
-    return _heuristic_config(kind, block_d, narrow)
+        return _INTERPRET_CONFIGS[kind], 4, 1
+    if kind in _FORCE_CONFIGS:
+        return _FORCE_CONFIGS[kind]
+    return _heuristic_config(kind, block_d)
 
 
 _ACP_GRID_OVERRIDE = None  # tests only
@@ -153,42 +142,35 @@ def _acp_grid(block_d):
 
 
 def _acp_args(acp_tables, block_d, rows_only=False):
-    """Kernel args (lo entries per (b, h), [hi entries per (b, h),] GM, GN, NARROW_MAX); ``rows_only``: without
-    hi."""
+    """Kernel args (lo entries per (b, h), [hi entries per (b, h),] GM, GN); ``rows_only``: without hi."""
     n = (0, 0) if acp_tables is None else (acp_tables[0].shape[1], acp_tables[1].shape[1])
     grid = (1, 1) if acp_tables is None else _acp_grid(block_d)
-    return (n[:1] if rows_only else n) + grid + (NARROW_MAX_BLOCKS,)
+    return n[:1] + grid if rows_only else n + grid
 
 
 def _acp_tables(lf, acp_delta, Tq, block_d):
-    """(lo, hi, width) on ACP's grid: one Triton launch (float64 cumsum + linear two-pointer walks).
-    ``width`` (B*H,): the most key blocks any query block of the head keeps. ``acp._tables_torch`` is the
-    PyTorch equivalent (tests compare them)."""
+    """(lo, hi) on ACP's grid: one Triton launch (float64 cumsum + linear two-pointer walks).
+    ``acp._tables_torch`` is the PyTorch equivalent (tests compare them)."""
     GM, GN = _acp_grid(block_d)
     B, Tk, H = lf.shape
     lo = torch.empty((B * H, _cdiv(Tq, GM)), device=lf.device, dtype=torch.int32)
     hi = torch.empty((B * H, _cdiv(Tk, GN)), device=lf.device, dtype=torch.int32)
-    width = torch.empty((B * H,), device=lf.device, dtype=torch.int32)
     c = torch.empty((B * H, Tk), device=lf.device, dtype=torch.float64)
     from . import triton_kernels as tk
 
     tk._acp_tables_kernel[(B * H,)](
-        lf, acp_delta.reshape(-1).contiguous(), c, lo, hi, width, H, Tq, Tk, lo.shape[1], hi.shape[1], GM=GM, GN=GN,
+        lf, acp_delta.reshape(-1).contiguous(), c, lo, hi, H, Tq, Tk, lo.shape[1], hi.shape[1], GM=GM, GN=GN,
         CHUNK=64 if _interpreting() else 1024, VEC=16 if _interpreting() else 64, num_warps=4,
     )
-    return lo, hi, width
+    return lo, hi
 
 
-def _launch(kind, grid_fn, *args, acp, **meta):
-    """Launches ``kind`` once without ACP (LIST=0); with ACP twice: the wide heads (LIST=1) with the dense tiles,
-    then the narrow heads (LIST=2) with small tiles. In each, the programs of the other heads return at once."""
-    for lst in (1, 2) if acp else (0,):
-        narrow = lst == 2
-        if _interpreting() or (kind + "_narrow" if narrow else kind) in _FORCE_CONFIGS or not _autotune_enabled():
-            cfg, w, s = _fixed_config(kind, meta["BLOCK_D"], narrow)
-            _raw_kernel(kind)[grid_fn(cfg)](*args, **meta, **cfg, LIST=lst, num_warps=w, num_stages=s)
-        else:
-            _kernel(kind, narrow)[grid_fn](*args, **meta, LIST=lst)
+def _launch(kind, grid_fn, *args, **meta):
+    if _interpreting() or kind in _FORCE_CONFIGS or not _autotune_enabled():
+        cfg, w, s = _fixed_config(kind, meta["BLOCK_D"])
+        _raw_kernel(kind)[grid_fn(cfg)](*args, **meta, **cfg, num_warps=w, num_stages=s)
+    else:
+        _kernel(kind)[grid_fn](*args, **meta)
 
 
 def _next_pow2(x: int) -> int:
@@ -215,17 +197,17 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     ks = kstart if has_start else lse  # dummy pointer when absent
     ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
     block_d = max(16, _next_pow2(D))
-    lo, width = (lse, lse) if acp_tables is None else (acp_tables[0], acp_tables[2])
+    lo = lse if acp_tables is None else acp_tables[0]
     _launch(
         "fwd", lambda META: (B * H, _cdiv(Tq, META["BLOCK_M"])),
-        q, k, v, lf, o, lse, ks, lo, width,
+        q, k, v, lf, o, lse, ks, lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         o.stride(0), o.stride(1), o.stride(2), *ks_strides,
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
         *_acp_args(acp_tables, block_d, rows_only=True),
-        acp=acp_tables is not None, HEAD_DIM=D, BLOCK_D=block_d, HAS_START=has_start,
-        HAS_LO=acp_tables is not None, IEEE=q.dtype == torch.float32,
+        HEAD_DIM=D, BLOCK_D=block_d, HAS_START=has_start, HAS_LO=acp_tables is not None,
+        IEEE=q.dtype == torch.float32,
     )
     return o, lse
 
@@ -264,16 +246,16 @@ def _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables=None):
     ks = kstart if has_start else lse
     ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
     common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32)
-    lo, width = (lse, lse) if acp_tables is None else (acp_tables[0], acp_tables[2])
+    lo = lse if acp_tables is None else acp_tables[0]
     _launch(
         "dq", lambda META: (B * H, _cdiv(Tq, META["BLOCK_M"])),
-        q, k, v, lf, do, o, lse, delta, dq, drow, ks, lo, width,
+        q, k, v, lf, do, o, lse, delta, dq, drow, ks, lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides,
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
         *_acp_args(acp_tables, common["BLOCK_D"], rows_only=True),
-        acp=acp_tables is not None, HAS_START=has_start, HAS_LO=acp_tables is not None, **common,
+        HAS_START=has_start, HAS_LO=acp_tables is not None, **common,
     )
     return dq, drow, delta
 
@@ -291,10 +273,10 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
     ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
     ke_strides = (kend.stride(0), kend.stride(1)) if has_end else (0, 0)
     common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32)
-    lo, hi, width = (lse, lse, lse) if acp_tables is None else acp_tables
+    lo, hi = (lse, lse) if acp_tables is None else acp_tables
     _launch(
         "dkdv", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])),
-        q, k, v, lf, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi, width,
+        q, k, v, lf, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides, *ke_strides,
@@ -302,8 +284,7 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
         H, Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
         *_acp_args(acp_tables, common["BLOCK_D"]),
         H // Hkv,
-        acp=acp_tables is not None, HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None,
-        **common,
+        HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, **common,
     )
     return dk, dv, dcol
 
@@ -317,14 +298,14 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
 def _fox_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_fgate: torch.Tensor,
     kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor], sm_scale: float,
-    acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor], acp_width: Optional[torch.Tensor],
+    acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    tables = None if acp_lo is None else (acp_lo, acp_hi, acp_width)
+    tables = None if acp_lo is None else (acp_lo, acp_hi)
     return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, tables)
 
 
 @_fox_fwd.register_fake
-def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, acp_width):
+def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
     B, Tq, H, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, Tq), dtype=torch.float32)
 
@@ -334,28 +315,27 @@ def _fox_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_fgate: torch.Tensor,
     o: torch.Tensor, lse: torch.Tensor, kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor],
     sm_scale: float, acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
-    acp_width: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    tables = None if acp_lo is None else (acp_lo, acp_hi, acp_width)
+    tables = None if acp_lo is None else (acp_lo, acp_hi)
     return _bwd_launch(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, tables)
 
 
 @_fox_bwd.register_fake
-def _(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi, acp_width):
+def _(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(log_fgate)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, acp_width = inputs
+    q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi, acp_width)
+    ctx.save_for_backward(q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi)
     ctx.sm_scale = sm_scale
 
 
 def _backward(ctx, do, dlse):
-    q, k, v, log_fgate, o, lse, kstart, kend, *acp = ctx.saved_tensors
-    dq, dk, dv, dlf = _fox_bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, *acp)
-    return dq, dk, dv, dlf, None, None, None, None, None, None
+    q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi = ctx.saved_tensors
+    dq, dk, dv, dlf = _fox_bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, acp_lo, acp_hi)
+    return dq, dk, dv, dlf, None, None, None, None, None
 
 
 _fox_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -416,33 +396,20 @@ def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlen
                              f"exceeds the kernel's int32 row indexing (< 2^31); split the heads into several calls")
     kstart, kend = _row_bounds(q, k, cu_seqlens, seq_start)
     block_d = max(16, _next_pow2(D))
-    tables = (None, None, None)
+    tables = (None, None)
     if adaptive_threshold is not None:
         acp_delta = _acp.acp_threshold(q, k, sm_scale, adaptive_threshold, eps=acp_eps,
                                        qk_norm_weights=qk_norm_weights)
         tables = _acp_tables(log_fgate, acp_delta, q.shape[1], block_d)
     o, _ = _fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
     if return_stats:
-        return o, _forward_tile_stats(log_fgate, q.shape[1], block_d, tables)
+        cfg = _fixed_config("fwd", block_d)[0]
+        lo = None
+        if tables[0] is not None:
+            lo = _acp.lo_for_tiling(tables[0], q.shape[1], *_acp_grid(block_d), cfg["BLOCK_M"], cfg["BLOCK_N"])
+        stats = _acp.tile_stats(log_fgate, None, q.shape[1], cfg["BLOCK_M"], cfg["BLOCK_N"], lo=lo)
+        return o, stats
     return o
-
-
-def _forward_tile_stats(log_fgate, Tq, block_d, tables):
-    """``return_stats``' tile counts in the forward kernel's own tiles: the heuristic config's (autotuning may
-    pick others), and with ACP the narrow heads' small tiles for those heads."""
-    lo_g, _, width = tables
-
-    def count(narrow):
-        cfg = _fixed_config("fwd", block_d, narrow)[0]
-        lo = None if lo_g is None else _acp.lo_for_tiling(lo_g, Tq, *_acp_grid(block_d), cfg["BLOCK_M"],
-                                                         cfg["BLOCK_N"])
-        return _acp.tile_stats(log_fgate, None, Tq, cfg["BLOCK_M"], cfg["BLOCK_N"], lo=lo)
-
-    stats = count(False)
-    if width is not None:
-        narrow = (width <= NARROW_MAX_BLOCKS).reshape(stats["computed"].shape)
-        stats = {key: torch.where(narrow, val, stats[key]) for key, val in count(True).items()}
-    return stats
 
 
 def forgetting_attention(

@@ -83,20 +83,6 @@ def _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d,
 
 
 @triton.jit
-def _skip_head(WIDTH, bh0, GROUP: tl.constexpr, NARROW_MAX, LIST: tl.constexpr):
-    """ACP's two launches per kernel (``LIST`` 1: wide heads, 2: narrow heads; 0: one launch for every head).
-    A head group is narrow when each of its query blocks keeps at most ``NARROW_MAX`` key blocks of ACP's grid
-    (``WIDTH``, from ``_acp_tables_kernel``); a program of the other launch returns at once."""
-    skip = False
-    if LIST != 0:
-        w = tl.load(WIDTH + bh0)
-        for gi in tl.static_range(1, GROUP):
-            w = tl.maximum(w, tl.load(WIDTH + bh0 + gi))
-        skip = (w <= NARROW_MAX) != (LIST == 2)
-    return skip
-
-
-@triton.jit
 def _attn_fwd_inner(
     acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
     n0, E, qk_scale, offs_n, offs_d,
@@ -127,16 +113,14 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, LF, O, LSE, KSTART, LO_BLK, WIDTH,
+    Q, K, V, LF, O, LSE, KSTART, LO_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sob, sot, soh, ssb, sst,
-    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, NARROW_MAX,
+    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, LIST: tl.constexpr, IEEE: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
 ):
     # grid (B*H, cdiv(Tq, BLOCK_M)); the last (heaviest, causal) query blocks are scheduled first
     pid_bh = tl.program_id(0)
-    if _skip_head(WIDTH, pid_bh, 1, NARROW_MAX, LIST):
-        return
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
@@ -232,16 +216,14 @@ def _attn_bwd_dq_inner(
 
 @triton.jit
 def _attn_bwd_dq_kernel(
-    Q, K, V, LF, DO, O, LSE, DELTA, DQ, DROW, KSTART, LO_BLK, WIDTH,
+    Q, K, V, LF, DO, O, LSE, DELTA, DQ, DROW, KSTART, LO_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst,
-    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, NARROW_MAX,
+    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, LIST: tl.constexpr, IEEE: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
 ):
     # grid (B*H, cdiv(Tq, BLOCK_M)); the last (heaviest, causal) query blocks are scheduled first
     pid_bh = tl.program_id(0)
-    if _skip_head(WIDTH, pid_bh, 1, NARROW_MAX, LIST):
-        return
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
@@ -353,21 +335,18 @@ def _attn_bwd_dkdv_inner(
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, LF, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK, WIDTH,
+    Q, K, V, LF, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst, seb, set,
     sdkb, sdkt, sdkh,
-    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, NARROW_MAX, GROUP: tl.constexpr,
+    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, LIST: tl.constexpr,
-    IEEE: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
 ):
     # grid (B*Hkv, cdiv(Tk, BLOCK_N)); the first (heaviest) key blocks are scheduled first
     pid_bhk = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = pid_bhk // HKV
     hk = pid_bhk % HKV
-    if _skip_head(WIDTH, b * H + hk * GROUP, GROUP, NARROW_MAX, LIST):  # the kv head's query heads, together
-        return
     off = Tk - Tq
     n0 = pid_n * BLOCK_N
     offs_n = tl.arange(0, BLOCK_N)
@@ -480,7 +459,7 @@ def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _acp_tables_kernel(LF, DELTA, C, LO, HI, WIDTH, H, Tq, Tk, NQ, NK,
+def _acp_tables_kernel(LF, DELTA, C, LO, HI, H, Tq, Tk, NQ, NK,
                        GM: tl.constexpr, GN: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
     """ACP pruning boundaries on the (GM x GN) grid for one (b, h), in one launch and linear time.
 
@@ -491,8 +470,7 @@ def _acp_tables_kernel(LF, DELTA, C, LO, HI, WIDTH, H, Tq, Tk, NQ, NK,
     LO[m] = number of leading key blocks n pruned for query block m (``c[m0] - c[end_n] < delta``), capped
     so that the block holding the query block's first row is never pruned (every row keeps its diagonal).
     Phase 3 derives HI[n] = last query block m with LO[m] <= n from LO by the same walk, so the forward and
-    both backward kernels prune exactly one region. WIDTH[b*H + h] = the most key blocks any query block keeps
-    (it picks the narrow or the wide launch). LF (B, Tk, H) contiguous; DELTA (B*H,) float32.
+    both backward kernels prune exactly one region. LF (B, Tk, H) contiguous; DELTA (B*H,) float32.
     """
     pid = tl.program_id(0)
     b = pid // H
@@ -512,7 +490,6 @@ def _acp_tables_kernel(LF, DELTA, C, LO, HI, WIDTH, H, Tq, Tk, NQ, NK,
     v = tl.arange(0, VEC)
     # LO: rows = query blocks, columns = a window of key blocks starting at p
     p = 0
-    width = tl.sum(tl.zeros([VEC], dtype=tl.int32), 0)
     for q0 in range(0, NQ, VEC):
         mq = q0 + v
         q_ok = mq < NQ
@@ -529,9 +506,6 @@ def _acp_tables_kernel(LF, DELTA, C, LO, HI, WIDTH, H, Tq, Tk, NQ, NK,
                 p += VEC
         cnt = tl.minimum(cnt, (off + mq * GM) // GN)
         tl.store(LO_base + mq, cnt, mask=q_ok)
-        last = (tl.minimum(off + mq * GM + GM, Tk) - 1) // GN  # the query block's diagonal key block
-        width = tl.maximum(width, tl.max(tl.where(q_ok, last + 1 - cnt, 0), 0))
-    tl.store(WIDTH + pid, width)
     tl.debug_barrier()
     # HI: rows = key blocks, columns = a window of query blocks starting at p
     p = 0
