@@ -99,6 +99,10 @@ class StrategyConfig:
     activation_checkpointing: str = "none"  # none | full (every block) | selective (every ac_every-th block)
     ac_every: int = 2
     compile: bool = False  # torch.compile each block
+    # fsdp only: false keeps each block's gathered parameters from its forward to its backward (one all-gather
+    # per block per step instead of two, for the memory of the unsharded bf16 parameters)
+    reshard_after_forward: bool = True
+    fsdp_prefetch: int = 0  # fsdp only: >0: each block starts the next N blocks' all-gathers (0: FSDP2's default)
 
 
 @dataclass
@@ -252,6 +256,10 @@ def validate(cfg) -> None:
              st.activation_checkpointing, "must be none | full | selective")
     _require(st.ac_every > 0, "strategy.ac_every", st.ac_every, "must be > 0")
     _require(st.device in ("auto", "cpu", "cuda"), "strategy.device", st.device, "must be auto | cpu | cuda")
+    _require(st.fsdp_prefetch >= 0, "strategy.fsdp_prefetch", st.fsdp_prefetch, "must be >= 0")
+    for key, default in (("fsdp_prefetch", 0), ("reshard_after_forward", True)):
+        _require(st.name == "fsdp" or st[key] == default, f"strategy.{key}", st[key],
+                 f"only applies to strategy.name=fsdp (got strategy.name={st.name})")
     _require(st.mixed_precision in ("auto", "bf16", "fp32"), "strategy.mixed_precision", st.mixed_precision,
              "must be auto | bf16 | fp32")
     _require(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "must be > 0")

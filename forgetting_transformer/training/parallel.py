@@ -46,16 +46,27 @@ def apply_compile(model: nn.Module) -> None:
         model.chunk_loss = torch.compile(model.chunk_loss, fullgraph=True)
 
 
-def apply_fsdp(model: nn.Module, mixed_precision: bool) -> None:
+def apply_fsdp(model: nn.Module, mixed_precision: bool, reshard_after_forward: bool = True,
+               prefetch: int = 0) -> None:
     """FSDP2: shard every block, then the root (embedding, final norm, LM head). bf16 compute with fp32
-    gradient reduction when mixed precision is on; parameters are stored in fp32 either way."""
+    gradient reduction when mixed precision is on; parameters are stored in fp32 either way.
+
+    ``reshard_after_forward=False`` keeps every block's gathered parameters until its backward (ZeRO-2 style).
+    The last block is never resharded after its forward: its backward comes next (torchtitan does the same).
+    ``prefetch`` > 0: each block's forward starts the all-gathers of the next ``prefetch`` blocks, and its
+    backward those of the ``prefetch`` blocks before it (FSDP2's default prefetches one block, implicitly)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if mixed_precision else None,
                                   reduce_dtype=torch.float32)
-    for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
+    blocks = list(model.blocks)
+    for i, block in enumerate(blocks):
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
     fully_shard(model, mp_policy=policy)
+    if prefetch:
+        for i, block in enumerate(blocks):
+            block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + prefetch])
+            block.set_modules_to_backward_prefetch(blocks[max(i - prefetch, 0):i][::-1])
 
 
 class _FullTensorInit(TorchDispatchMode):
@@ -137,7 +148,7 @@ def parallelize(model: nn.Module, strategy_cfg, device: torch.device, mixed_prec
     if strategy_cfg.compile:
         apply_compile(model)
     if strategy_cfg.name == "fsdp":
-        apply_fsdp(model, mixed_precision)
+        apply_fsdp(model, mixed_precision, strategy_cfg.reshard_after_forward, strategy_cfg.fsdp_prefetch)
     init_weights(model, device, seed)
     if strategy_cfg.name == "ddp":
         from torch.nn.parallel import DistributedDataParallel

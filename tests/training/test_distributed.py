@@ -88,6 +88,19 @@ def test_two_ranks_kill_and_resume(data_dir, tmp_path, strategy):  # noqa: F811
                 assert abs(a[key] - b[key]) < 1e-4 * abs(b[key]), (a["step"], key, a[key], b[key])
 
 
+def test_fsdp_prefetch_and_no_reshard_train_identically(data_dir, tmp_path):  # noqa: F811
+    """strategy.fsdp_prefetch and strategy.reshard_after_forward=false change when parameters are gathered, not
+    what is computed: 2 gloo ranks log the same losses and gradient norms as with FSDP2's defaults."""
+    extra = ("strategy=fsdp", "train.max_steps=3", "eval.per_token_loss=false")
+    logs = []
+    for name, opts in (("default", ()), ("tuned", ("strategy.fsdp_prefetch=2", "strategy.reshard_after_forward=false"))):
+        res = subprocess.run(torchrun(data_dir, tmp_path / name, *extra, *opts), cwd=ROOT, env=ENV,
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        logs.append([(r["step"], r.get("loss"), r.get("grad_norm"), r.get("heldout_loss")) for r in rows(tmp_path / name)])
+    assert logs[0] == logs[1] and len(logs[0]) == 4
+
+
 def test_single_strategy_refuses_several_ranks(data_dir, tmp_path):  # noqa: F811
     res = subprocess.run(torchrun(data_dir, tmp_path / "x", "train.max_steps=1"), cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)

@@ -95,3 +95,23 @@ def test_compiled_chunk_loss_under_checkpointing():
     grads = dict(reference.named_parameters())
     for name, p in wrapped.named_parameters():
         torch.testing.assert_close(p.grad, grads[name.replace("._orig_mod", "")].grad, msg=lambda m: f"{name}: {m}")
+
+
+def test_fsdp_prefetch_and_reshard_options_reach_fsdp2(tmp_path):
+    """strategy.fsdp_prefetch / reshard_after_forward set FSDP2's per-block schedule (read back from its private
+    state: the public API has setters only). The last block is never resharded after its forward. That they
+    change no numbers is tests/training/test_distributed.py (2 ranks)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        schedules = []
+        for extra in ({}, dict(fsdp_prefetch=2, reshard_after_forward=False)):
+            _, model = setup(name="fsdp", **extra)
+            states = [block._get_fsdp_state() for block in model.blocks]
+            schedules.append([(len(s._states_to_forward_prefetch), len(s._states_to_backward_prefetch),
+                               s._fsdp_param_group.post_forward_mesh_info is not None) for s in states])
+    finally:
+        dist.destroy_process_group()
+    assert schedules[0] == [(0, 0, True), (0, 0, True), (0, 0, False)]  # FSDP2's implicit prefetching
+    assert schedules[1] == [(2, 0, False), (1, 1, False), (0, 2, False)]
