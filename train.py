@@ -16,7 +16,6 @@ import json
 import math
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import hydra
@@ -41,19 +40,6 @@ from forgetting_transformer.training.preemption import PREEMPTED_EXIT_CODE, Pree
 from forgetting_transformer.training.schedule import lr_at
 
 register_configs()
-
-
-def setup_wandb(cfg, out: Path):
-    if cfg.wandb.mode == "disabled":
-        return None
-    import wandb
-
-    # The run id is stored beside the checkpoints so a resumed run continues the same wandb run.
-    id_file = out / "wandb_id.txt"
-    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
-    id_file.write_text(run_id)
-    return wandb.init(mode=cfg.wandb.mode, project=cfg.wandb.project, name=cfg.wandb.name or out.name, id=run_id,
-                      resume="allow", dir=str(out), config=OmegaConf.to_container(cfg, resolve=True))
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
@@ -102,7 +88,7 @@ def main(cfg) -> None:
         load_checkpoint(state, ckpt)
         metrics.truncate_after(state.step)  # rows after the checkpoint are redone identically below
         metrics.say(f"resumed from {ckpt} (step {state.step}, {state.tokens:,} tokens)")
-    metrics.wandb_run = setup_wandb(cfg, out) if dist.is_main else None
+    metrics.start_wandb(cfg.wandb, out, OmegaConf.to_container(cfg, resolve=True))
 
     tokens_per_step = train.batch_size * cfg.data.seq_len
     total_steps = math.ceil(cfg.schedule.total_tokens / tokens_per_step)
@@ -144,7 +130,8 @@ def main(cfg) -> None:
             tok_s = (state.tokens - tokens_log) / (time.perf_counter() - t_log)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
             metrics.log({"step": state.step, "loss": loss_val, "grad_norm": grad_norm.item(), "lr": lr,
-                         "tokens": state.tokens, "tokens_per_s": tok_s, "tokens_per_s_per_device": tok_s / dist.world_size,
+                         "tokens": state.tokens, "tokens_per_s": tok_s,
+                         "tokens_per_s_per_device": tok_s / dist.world_size,
                          "tflops": tok_s * flops_tok / dist.world_size / 1e12,
                          "mfu": tok_s * flops_tok / dist.world_size / peak if peak else None,
                          "memory_gib": peak_memory_gib(device)})
@@ -176,8 +163,7 @@ def main(cfg) -> None:
             plot_per_token_loss([ptl], out / "per_token_loss.png", window=cfg.eval.window)
             metrics.say(f"per-token loss: {ptl} and {out / 'per_token_loss.png'}")
     metrics.say(f"done in {time.perf_counter() - t_start:.0f} s: held-out loss {result['heldout_loss']:.4f}")
-    if metrics.wandb_run is not None:
-        metrics.wandb_run.finish()
+    metrics.finish()
     shutdown()
 
 

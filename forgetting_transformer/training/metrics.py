@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import resource
+import uuid
 from pathlib import Path
 
 import torch
@@ -74,6 +75,23 @@ class MetricsLogger:
         self.path = Path(path)
         self.wandb_run = wandb_run
         self.enabled = enabled
+
+    def start_wandb(self, wandb_cfg, out: Path, config: dict) -> None:
+        """Log to wandb too (``wandb.mode`` online / offline; nothing when disabled or not rank 0). The run id is
+        stored beside the checkpoints, so a resumed run continues the same wandb run."""
+        if not self.enabled or wandb_cfg.mode == "disabled":
+            return
+        import wandb
+
+        id_file = out / "wandb_id.txt"
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id)
+        self.wandb_run = wandb.init(mode=wandb_cfg.mode, project=wandb_cfg.project, name=wandb_cfg.name or out.name,
+                                    id=run_id, resume="allow", dir=str(out), config=config)
+
+    def finish(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
 
     def say(self, message: str) -> None:
         if self.enabled:

@@ -93,11 +93,13 @@ def test_fsdp_prefetch_and_no_reshard_train_identically(data_dir, tmp_path):  # 
     what is computed: 2 gloo ranks log the same losses and gradient norms as with FSDP2's defaults."""
     extra = ("strategy=fsdp", "train.max_steps=3", "eval.per_token_loss=false")
     logs = []
-    for name, opts in (("default", ()), ("tuned", ("strategy.fsdp_prefetch=2", "strategy.reshard_after_forward=false"))):
+    tuned = ("strategy.fsdp_prefetch=2", "strategy.reshard_after_forward=false")
+    for name, opts in (("default", ()), ("tuned", tuned)):
         res = subprocess.run(torchrun(data_dir, tmp_path / name, *extra, *opts), cwd=ROOT, env=ENV,
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-        logs.append([(r["step"], r.get("loss"), r.get("grad_norm"), r.get("heldout_loss")) for r in rows(tmp_path / name)])
+        logs.append([(r["step"], r.get("loss"), r.get("grad_norm"), r.get("heldout_loss"))
+                     for r in rows(tmp_path / name)])
     assert logs[0] == logs[1] and len(logs[0]) == 4
 
 
