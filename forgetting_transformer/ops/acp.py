@@ -27,8 +27,40 @@ import torch
 DEFAULT_EPS = math.exp(-10.0)
 
 
+def threshold_kind(adaptive_threshold, B, H, eps=DEFAULT_EPS):
+    """Validate ``adaptive_threshold`` (and ``eps`` for ``"auto"``); returns ``"auto"``, ``"float"`` or
+    ``"tensor"``. Errors name the argument and the value."""
+    if isinstance(adaptive_threshold, str):
+        if adaptive_threshold != "auto":
+            raise ValueError(f"adaptive_threshold must be None, 'auto', a float or a (B, H) tensor; "
+                             f"got {adaptive_threshold!r}")
+        if not (0.0 < eps < 1.0):
+            raise ValueError(f"acp eps must be in (0, 1); got {eps}")
+        return "auto"
+    if isinstance(adaptive_threshold, (int, float)):
+        return "float"
+    if isinstance(adaptive_threshold, torch.Tensor):
+        if adaptive_threshold.shape != (B, H):
+            raise ValueError(f"adaptive_threshold tensor must be (B, H) = {(B, H)}; "
+                             f"got {tuple(adaptive_threshold.shape)}")
+        return "tensor"
+    raise ValueError(f"adaptive_threshold must be None, 'auto', a float or a (B, H) tensor; "
+                     f"got {type(adaptive_threshold).__name__}")
+
+
+def check_qk_norm_weights(qk_norm_weights, H, Hkv, D):
+    """``(gamma_q, gamma_k)``: gamma_q (D,) or (H, D); gamma_k (D,), (H, D) or (Hkv, D)."""
+    gq, gk = qk_norm_weights
+    if tuple(gq.shape) not in ((D,), (H, D)):
+        raise ValueError(f"qk_norm_weights[0] (gamma_q) must be (D,) or (H, D) = {(H, D)}; got {tuple(gq.shape)}")
+    if tuple(gk.shape) not in ((D,), (H, D), (Hkv, D)):
+        raise ValueError(f"qk_norm_weights[1] (gamma_k) must be (D,), (H, D) or (Hkv, D) = {(Hkv, D)}; "
+                         f"got {tuple(gk.shape)}")
+
+
 def acp_threshold(q, k, sm_scale, adaptive_threshold, *, eps=DEFAULT_EPS, qk_norm_weights=None):
-    """Per-(batch, head) pruning threshold ``delta`` as a (B, H) float32 tensor.
+    """Per-(batch, head) pruning threshold ``delta`` as a (B, H) float32 tensor (the PyTorch reference of what
+    the kernel path's boundary kernel computes in-kernel).
 
     adaptive_threshold: ``"auto"`` (``delta = -2U - log Tk + log eps``), a float, or a (B, H) tensor.
     For ``"auto"``, ``U = sm_scale * max|q| * max|k|``: with ``qk_norm_weights = (gamma_q, gamma_k)`` (RMSNorm
@@ -37,13 +69,10 @@ def acp_threshold(q, k, sm_scale, adaptive_threshold, *, eps=DEFAULT_EPS, qk_nor
     """
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    if isinstance(adaptive_threshold, str):
-        if adaptive_threshold != "auto":
-            raise ValueError(f"adaptive_threshold must be None, 'auto', a float or a (B, H) tensor; "
-                             f"got {adaptive_threshold!r}")
-        if not (0.0 < eps < 1.0):
-            raise ValueError(f"acp eps must be in (0, 1); got {eps}")
+    kind = threshold_kind(adaptive_threshold, B, H, eps)
+    if kind == "auto":
         if qk_norm_weights is not None:
+            check_qk_norm_weights(qk_norm_weights, H, Hkv, D)
             gq, gk = qk_norm_weights
             qmax = gq.detach().float().abs().amax(-1) * math.sqrt(D)  # () or (H,)
             kmax = gk.detach().float().abs().amax(-1) * math.sqrt(D)
@@ -55,15 +84,9 @@ def acp_threshold(q, k, sm_scale, adaptive_threshold, *, eps=DEFAULT_EPS, qk_nor
             kmax = k.detach().float().norm(dim=-1).amax(dim=1).repeat_interleave(H // Hkv, dim=1)  # (B, H)
             U = sm_scale * qmax * kmax
         return (-2.0 * U - math.log(max(Tk, 1)) + math.log(eps)).float().contiguous()
-    if isinstance(adaptive_threshold, (int, float)):
+    if kind == "float":
         return torch.full((B, H), float(adaptive_threshold), device=q.device, dtype=torch.float32)
-    if isinstance(adaptive_threshold, torch.Tensor):
-        if adaptive_threshold.shape != (B, H):
-            raise ValueError(f"adaptive_threshold tensor must be (B, H) = {(B, H)}; "
-                             f"got {tuple(adaptive_threshold.shape)}")
-        return adaptive_threshold.detach().to(device=q.device, dtype=torch.float32).contiguous()
-    raise ValueError(f"adaptive_threshold must be None, 'auto', a float or a (B, H) tensor; "
-                     f"got {type(adaptive_threshold).__name__}")
+    return adaptive_threshold.detach().to(device=q.device, dtype=torch.float32).contiguous()
 
 
 def cumsum(lf):

@@ -148,21 +148,54 @@ def _acp_args(acp_tables, block_d, rows_only=False):
     return n[:1] + grid if rows_only else n + grid
 
 
-def _acp_tables(lf, acp_delta, Tq, block_d):
-    """(lo, hi) on ACP's grid: one Triton launch (float64 cumsum + linear two-pointer walks).
-    ``acp._tables_torch`` is the PyTorch equivalent (tests compare them)."""
+_ACP_MODES = {"tensor": 0, "float": 1, "weights": 2, "norms": 3}
+_ACP_NORM_CHUNKS = 1024  # at most this many programs per head for the max norms (tests lower it)
+
+
+def _acp_launch(q, k, lf, sm_scale, mode, delta=None, thr_value=0.0, gammas=None, log_eps=0.0):
+    """ACP's threshold and (lo, hi) tables on ACP's grid in one or two launches: for ``mode="norms"`` the
+    partial max q / k norms (``_acp_norms_kernel``), then ``_acp_tables_kernel`` (threshold, float64 cumsum,
+    linear two-pointer walks). Returns (lo, hi, delta (B, H) fp32). ``acp.acp_threshold`` and
+    ``acp._tables_torch`` are the PyTorch equivalents (tests compare them)."""
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    block_d = max(16, _next_pow2(D))
     GM, GN = _acp_grid(block_d)
-    B, Tk, H = lf.shape
     lo = torch.empty((B * H, _cdiv(Tq, GM)), device=lf.device, dtype=torch.int32)
     hi = torch.empty((B * H, _cdiv(Tk, GN)), device=lf.device, dtype=torch.int32)
     c = torch.empty((B * H, Tk), device=lf.device, dtype=torch.float64)
+    out = torch.empty((B, H), device=lf.device, dtype=torch.float32)
     from . import triton_kernels as tk
 
+    gq = gk = norms = out  # dummy pointers where unused
+    sgq = sgk = 0
+    gk_div, nch = 1, 1
+    if mode == "weights":
+        gq, gk = (g.detach().contiguous() for g in gammas)
+        sgq, sgk = (D if g.dim() == 2 else 0 for g in (gq, gk))
+        gk_div = H // Hkv if gk.dim() == 2 and gk.shape[0] == Hkv else 1
+    elif mode == "norms":
+        rows = 16 if _interpreting() else 128
+        nch = max(1, min(_cdiv(max(Tq, Tk), rows), _ACP_NORM_CHUNKS))  # a program strides over its chunks
+        norms = torch.empty((B * (H + Hkv), nch), device=lf.device, dtype=torch.float32)
+        tk._acp_norms_kernel[(B * (H + Hkv), nch)](
+            q, k, norms, B, H, Hkv, Tq, Tk, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+            k.stride(2), nch, HEAD_DIM=D, BLOCK_D=block_d, ROWS=rows, num_warps=4)
     tk._acp_tables_kernel[(B * H,)](
-        lf, acp_delta.reshape(-1).contiguous(), c, lo, hi, H, Tq, Tk, lo.shape[1], hi.shape[1], GM=GM, GN=GN,
-        CHUNK=64 if _interpreting() else 1024, VEC=16 if _interpreting() else 64, num_warps=4,
+        lf, out if delta is None else delta, out, c, lo, hi, gq, gk, norms, B, H, Hkv, H // Hkv, Tq, Tk,
+        lo.shape[1], hi.shape[1], sgq, sgk, gk_div, nch, D, float(thr_value), float(sm_scale), math.sqrt(D),
+        math.log(max(Tk, 1)), float(log_eps), GM=GM, GN=GN,
+        CHUNK=64 if _interpreting() else 1024, VEC=16 if _interpreting() else 64, MODE=_ACP_MODES[mode],
+        BLOCK_D=block_d, num_warps=4,
     )
-    return lo, hi
+    return lo, hi, out
+
+
+def _acp_tables(lf, acp_delta, Tq, block_d):
+    """(lo, hi) on ACP's grid for a given (B, H) threshold tensor (tests; the op goes through ``fox_acp_tables``)."""
+    B, Tk, H = lf.shape
+    q, k = lf.new_empty((B, Tq, H, block_d)), lf.new_empty((B, Tk, H, block_d))  # shapes only
+    return _acp_launch(q, k, lf, 1.0, "tensor", delta=acp_delta.float().contiguous())[:2]
 
 
 def _launch(kind, grid_fn, *args, **meta):
@@ -325,6 +358,25 @@ def _(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(log_fgate)
 
 
+@torch.library.custom_op("forgetting_transformer::fox_acp_tables", mutates_args=())
+def _fox_acp_tables(
+    q: torch.Tensor, k: torch.Tensor, log_fgate: torch.Tensor, sm_scale: float, mode: str,
+    delta: Optional[torch.Tensor], thr_value: float, gamma_q: Optional[torch.Tensor],
+    gamma_k: Optional[torch.Tensor], log_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ACP's (lo, hi, delta) (see ``_acp_launch``); an op of its own so that a compiled model traces it."""
+    gammas = None if gamma_q is None else (gamma_q, gamma_k)
+    return _acp_launch(q, k, log_fgate, sm_scale, mode, delta, thr_value, gammas, log_eps)
+
+
+@_fox_acp_tables.register_fake
+def _(q, k, log_fgate, sm_scale, mode, delta, thr_value, gamma_q, gamma_k, log_eps):
+    B, Tq, H, D = q.shape
+    GM, GN = _acp_grid(max(16, _next_pow2(D)))
+    lo = q.new_empty((B * H, _cdiv(Tq, GM)), dtype=torch.int32)
+    return lo, q.new_empty((B * H, _cdiv(k.shape[1], GN)), dtype=torch.int32), q.new_empty((B, H), dtype=torch.float32)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi = inputs
     o, lse = output
@@ -379,6 +431,24 @@ def _row_bounds(q, k, cu_seqlens, seq_start):
     return kstart, kend
 
 
+def _acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_norm_weights):
+    """Validate ACP's arguments and run ``fox_acp_tables``: (lo, hi, delta (B, H))."""
+    B, _, H, D = q.shape
+    kind = _acp.threshold_kind(adaptive_threshold, B, H, acp_eps)
+    delta, thr_value, gammas, mode = None, 0.0, (None, None), kind
+    if kind == "tensor":
+        delta = adaptive_threshold.detach().to(device=q.device, dtype=torch.float32).contiguous()
+    elif kind == "float":
+        thr_value = float(adaptive_threshold)
+    elif qk_norm_weights is not None:
+        _acp.check_qk_norm_weights(qk_norm_weights, H, k.shape[2], D)
+        gammas, mode = tuple(g.detach().to(q.device) for g in qk_norm_weights), "weights"
+    else:
+        mode = "norms"
+    return _fox_acp_tables(q.detach(), k.detach(), log_fgate.detach(), sm_scale, mode, delta, thr_value, *gammas,
+                           math.log(acp_eps) if kind == "auto" else 0.0)
+
+
 def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlens=None, seq_start=None,
                                  adaptive_threshold=None, return_stats=False, acp_eps=_acp.DEFAULT_EPS,
                                  qk_norm_weights=None):
@@ -398,9 +468,7 @@ def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlen
     block_d = max(16, _next_pow2(D))
     tables = (None, None)
     if adaptive_threshold is not None:
-        acp_delta = _acp.acp_threshold(q, k, sm_scale, adaptive_threshold, eps=acp_eps,
-                                       qk_norm_weights=qk_norm_weights)
-        tables = _acp_tables(log_fgate, acp_delta, q.shape[1], block_d)
+        tables = _acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_norm_weights)[:2]
     o, _ = _fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
     if return_stats:
         cfg = _fixed_config("fwd", block_d)[0]

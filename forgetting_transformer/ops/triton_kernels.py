@@ -83,12 +83,11 @@ def _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d,
 
 
 @triton.jit
-def _attn_fwd_inner(
-    acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-    n0, E, qk_scale, offs_n, offs_d,
-    CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+def _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt, n0, E, qk_scale, offs_n, offs_d,
+                CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                IEEE: tl.constexpr):
+    """One key block of the fwd / dq loops: scores ``s`` (BLOCK_M, BLOCK_N) in log2 units with the decay and
+    masks applied, the K and V tiles, and the running sum ``g`` of log f over the key blocks visited so far."""
     pos_k = n0 + offs_n
     kv_ok = pos_k < E
     lf_k = tl.load(LF_base + pos_k * slt, mask=kv_ok, other=0.0)
@@ -102,13 +101,25 @@ def _attn_fwd_inner(
         s = tl.where(pos_k[None, :] <= pos_q[:, None], s, float("-inf"))
     if START_MASK:
         s = tl.where(pos_k[None, :] >= kstart[:, None], s, float("-inf"))
+    return s, k, v, g + tot_k
+
+
+@triton.jit
+def _attn_fwd_inner(
+    acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+    n0, E, qk_scale, offs_n, offs_d,
+    CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    s, k, v, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt, n0, E, qk_scale,
+                             offs_n, offs_d, CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, IEEE)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(s - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-    return acc, l_i, m_new, g + tot_k
+    return acc, l_i, m_new, g
 
 
 @triton.jit
@@ -194,24 +205,14 @@ def _attn_bwd_dq_inner(
     CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    pos_k = n0 + offs_n
-    kv_ok = pos_k < E
-    lf_k = tl.load(LF_base + pos_k * slt, mask=kv_ok, other=0.0)
-    ck = tl.cumsum(lf_k, 0)
-    tot_k = tl.sum(lf_k, 0)
-    k, v = _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d, CAUSAL_MASK, HEAD_DIM, BLOCK_D)
-    dk2 = ((tot_k - ck) + g) * 1.4426950408889634
-    s = _dot(q, tl.trans(k), IEEE) * qk_scale + (dk2[None, :] - rq2[:, None])
-    if CAUSAL_MASK:
-        s = tl.where(pos_k[None, :] <= pos_q[:, None], s, float("-inf"))
-    if START_MASK:
-        s = tl.where(pos_k[None, :] >= kstart[:, None], s, float("-inf"))
+    s, k, v, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt, n0, E, qk_scale,
+                             offs_n, offs_d, CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, IEEE)
     p = tl.math.exp2(s - lse2[:, None])
     dp = _dot(do, tl.trans(v), IEEE)
     ds = p * (dp - delta[:, None])
     dq += _dot(ds.to(k.dtype), k, IEEE)
     rowsum += tl.sum(ds, 1)
-    return dq, rowsum, g + tot_k
+    return dq, rowsum, g
 
 
 @triton.jit
@@ -459,10 +460,74 @@ def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _acp_tables_kernel(LF, DELTA, C, LO, HI, H, Tq, Tk, NQ, NK,
-                       GM: tl.constexpr, GN: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr):
+def _acp_norms_kernel(Q, K, NORMS, B, H, HKV, Tq, Tk, sqb, sqt, sqh, skb, skt, skh, NCH,
+                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+    """Partial max L2 norms of the rows of q (programs ``pid < B*H``, one per (b, h)) and of k (the next
+    ``B*HKV``, one per (b, hk)) for ACP's "auto" threshold: program (pid, c) reduces the row chunks
+    ``c, c + NCH, ...`` of ROWS rows and writes NORMS[pid, c] (0 when it has no rows)."""
+    pid = tl.program_id(0)
+    c = tl.program_id(1)
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    if pid < B * H:
+        base = Q + (pid // H).to(tl.int64) * sqb + (pid % H).to(tl.int64) * sqh
+        T = Tq
+        st = sqt
+    else:
+        j = pid - B * H
+        base = K + (j // HKV).to(tl.int64) * skb + (j % HKV).to(tl.int64) * skh
+        T = Tk
+        st = skt
+    mx = tl.zeros([ROWS], dtype=tl.float32)
+    for r0 in range(c * ROWS, T, NCH * ROWS):
+        r = r0 + offs_r
+        x = tl.load(base + r[:, None] * st + offs_d[None, :],
+                    mask=(r < T)[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0).to(tl.float32)
+        mx = tl.maximum(mx, tl.sqrt(tl.sum(x * x, 1)))
+    tl.store(NORMS + pid.to(tl.int64) * NCH + c, tl.max(mx, 0))
+
+
+@triton.jit
+def _acp_threshold(DELTA_IN, GQ, GK, NORMS, pid, b, h, B, H, HKV, GROUP, sgq, sgk, gk_div, NCH, D, thr_value,
+                   sm_scale, sqrt_d, log_tk, log_eps, MODE: tl.constexpr, BLOCK_D: tl.constexpr, VEC: tl.constexpr):
+    """ACP's threshold delta (fp32) of one (b, h). MODE 0: DELTA_IN[pid]; 1: ``thr_value``; "auto" with
+    U = sm_scale max|q| max|k| from the QK-norm weights (2: max|gamma| sqrt(D)) or from the partial max
+    norms of ``_acp_norms_kernel`` (3); delta = -2U - log Tk + log eps, in acp.acp_threshold's order."""
+    if MODE == 0:
+        delta = tl.load(DELTA_IN + pid)
+    elif MODE == 1:
+        delta = thr_value + tl.sum(tl.zeros([VEC], dtype=tl.float32), 0)
+    else:
+        if MODE == 2:
+            d = tl.arange(0, BLOCK_D)
+            gq = tl.load(GQ + h * sgq + d, mask=d < D, other=0.0).to(tl.float32)
+            gk = tl.load(GK + (h // gk_div) * sgk + d, mask=d < D, other=0.0).to(tl.float32)
+            qmax = tl.max(tl.abs(gq), 0) * sqrt_d
+            kmax = tl.max(tl.abs(gk), 0) * sqrt_d
+        else:
+            v = tl.arange(0, VEC)
+            qrow = NORMS + pid.to(tl.int64) * NCH
+            krow = NORMS + (B * H + b * HKV + h // GROUP).to(tl.int64) * NCH
+            qm = tl.zeros([VEC], dtype=tl.float32)
+            km = tl.zeros([VEC], dtype=tl.float32)
+            for i0 in range(0, NCH, VEC):
+                qm = tl.maximum(qm, tl.load(qrow + i0 + v, mask=i0 + v < NCH, other=0.0))
+                km = tl.maximum(km, tl.load(krow + i0 + v, mask=i0 + v < NCH, other=0.0))
+            qmax = tl.max(qm, 0)
+            kmax = tl.max(km, 0)
+        U = sm_scale * qmax * kmax
+        delta = (-2.0 * U - log_tk) + log_eps
+    return delta
+
+
+@triton.jit
+def _acp_tables_kernel(LF, DELTA_IN, DELTA, C, LO, HI, GQ, GK, NORMS, B, H, HKV, GROUP, Tq, Tk, NQ, NK,
+                       sgq, sgk, gk_div, NCH, D, thr_value, sm_scale, sqrt_d, log_tk, log_eps,
+                       GM: tl.constexpr, GN: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
+                       MODE: tl.constexpr, BLOCK_D: tl.constexpr):
     """ACP pruning boundaries on the (GM x GN) grid for one (b, h), in one launch and linear time.
 
+    Phase 0 forms the threshold (``_acp_threshold``) and writes it to DELTA (B*H,) fp32.
     Phase 1 writes c = cumsum(log f) in float64 to the scratch C (B*H, Tk): chunk-local ``tl.cumsum`` plus a
     float64 carry. Phase 2 is the ACP paper's Algorithm 1 (a two-pointer walk: the boundary only moves right
     as the query block moves down), vectorised over tiles: VEC query blocks are compared with a window of VEC
@@ -470,7 +535,7 @@ def _acp_tables_kernel(LF, DELTA, C, LO, HI, H, Tq, Tk, NQ, NK,
     LO[m] = number of leading key blocks n pruned for query block m (``c[m0] - c[end_n] < delta``), capped
     so that the block holding the query block's first row is never pruned (every row keeps its diagonal).
     Phase 3 derives HI[n] = last query block m with LO[m] <= n from LO by the same walk, so the forward and
-    both backward kernels prune exactly one region. LF (B, Tk, H) contiguous; DELTA (B*H,) float32.
+    both backward kernels prune exactly one region. LF (B, Tk, H) contiguous; DELTA_IN / DELTA (B*H,) float32.
     """
     pid = tl.program_id(0)
     b = pid // H
@@ -486,7 +551,10 @@ def _acp_tables_kernel(LF, DELTA, C, LO, HI, H, Tq, Tk, NQ, NK,
         tl.store(C_base + t, tl.cumsum(x, 0).to(tl.float64) + carry, mask=t < Tk)
         carry += tl.sum(x.to(tl.float64), 0)
     tl.debug_barrier()
-    delta = tl.load(DELTA + pid).to(tl.float64)
+    delta32 = _acp_threshold(DELTA_IN, GQ, GK, NORMS, pid, b, h, B, H, HKV, GROUP, sgq, sgk, gk_div, NCH, D,
+                             thr_value, sm_scale, sqrt_d, log_tk, log_eps, MODE, BLOCK_D, VEC)
+    tl.store(DELTA + pid, delta32)
+    delta = delta32.to(tl.float64)
     v = tl.arange(0, VEC)
     # LO: rows = query blocks, columns = a window of key blocks starting at p
     p = 0

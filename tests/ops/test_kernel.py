@@ -185,13 +185,21 @@ def test_custom_op_opcheck():
     for acp in ((None, None), tables):
         torch.library.opcheck(fa._fox_fwd, (q, k, v, lf, None, None, 0.25, *acp),
                               test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    w = torch.ones(16)
+    for args in (("norms", None, 0.0, None, None), ("weights", None, 0.0, w, w), ("float", None, -3.0, None, None),
+                 ("tensor", torch.full((1, 2), -2.0), 0.0, None, None)):
+        torch.library.opcheck(fa._fox_acp_tables, (q, k, lf, 0.25, *args, -10.0),
+                              test_utils=("test_schema", "test_faketensor"))
 
 
-def test_torch_compile_no_graph_break():
+@pytest.mark.parametrize("acp", [{}, dict(adaptive_threshold="auto"),
+                                 dict(adaptive_threshold="auto", qk_norm_weights=(torch.ones(16), torch.ones(16)))])
+def test_torch_compile_no_graph_break(acp):
+    """The op (with ACP: also the boundary-table op) traces into one graph; gradients equal eager's."""
     q, k, v, lf = make(1, 16, 16, 2, 2, 16)
 
     def f(q, k, v, lf):
-        return forgetting_attention(q * 2.0, k, v, lf, backend="triton").square().sum()
+        return forgetting_attention(q * 2.0, k, v, lf, backend="triton", **acp).square().sum()
 
     xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
     torch.compile(f, backend="aot_eager", fullgraph=True)(*xs).backward()
@@ -319,3 +327,36 @@ def test_acp_boundary_kernel_matches_searchsorted(Tq, Tk):
             fa._ACP_GRID_OVERRIDE = None
         lo_t, hi_t = fa._acp._tables_torch(lf, delta, Tq, GM, GN)
         assert torch.equal(lo, lo_t) and torch.equal(hi, hi_t), (GM, GN)
+
+
+@pytest.mark.parametrize("Tq,Tk,H,Hkv,D", [(37, 230, 4, 2, 24), (1, 1, 2, 2, 16), (300, 300, 3, 1, 64)])
+def test_acp_threshold_in_kernel_matches_acp_threshold(monkeypatch, Tq, Tk, H, Hkv, D):
+    """The boundary kernel's threshold (every kind: "auto" from the max q / k norms, split over several chunk
+    programs each striding over several chunks, and from QK-norm weights of each shape; a float; a tensor)
+    equals ``acp.acp_threshold``, and its tables equal torch.searchsorted's for that threshold."""
+    monkeypatch.setattr(fa, "_ACP_NORM_CHUNKS", 4)
+    g = torch.Generator().manual_seed(Tk)
+    q, k, _, _ = make(2, Tq, Tk, H, Hkv, D, seed=Tk)
+    q[1, Tq // 2, 0] *= 5.0  # one row with a much larger norm
+    lf = -torch.rand(2, Tk, H, generator=g) * 0.5
+    weights = [None, (torch.rand(D, generator=g), torch.rand(D, generator=g) + 1),
+               (torch.rand(H, D, generator=g), torch.rand(Hkv, D, generator=g)),
+               (torch.rand(H, D, generator=g), torch.rand(H, D, generator=g))]
+    cases = [("auto", w) for w in weights] + [(-7.5, None), (torch.rand(2, H, generator=g) * -20, None)]
+    for thr, w in cases:
+        for eps in (math.exp(-10), 0.3):
+            lo, hi, delta = fa._acp_tables_for(q, k, lf, 0.3, thr, eps, w)
+            want = fa._acp.acp_threshold(q, k, 0.3, thr, eps=eps, qk_norm_weights=w)
+            assert torch.allclose(delta, want, rtol=1e-6, atol=0), (thr, w, delta, want)
+            lo_t, hi_t = fa._acp._tables_torch(lf, delta, Tq, *fa._acp_grid(max(16, fa._next_pow2(D))))
+            assert torch.equal(lo, lo_t) and torch.equal(hi, hi_t), (thr, w)
+
+
+def test_acp_qk_norm_weight_shapes_are_checked():
+    q, k, v, lf = acp_inputs(20)
+    for w, bad in (((torch.ones(3, 16), torch.ones(16)), "gamma_q"), ((torch.ones(16), torch.ones(3, 16)), "gamma_k"),
+                   ((torch.ones(17), torch.ones(16)), "gamma_q")):
+        with pytest.raises(ValueError, match=bad):
+            forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto", qk_norm_weights=w)
+        with pytest.raises(ValueError, match=bad):
+            forgetting_attention(q, k, v, lf, backend="reference", adaptive_threshold="auto", qk_norm_weights=w)

@@ -174,3 +174,41 @@ def test_acp_bf16():
     _, stats = forgetting_attention(q, k, v, lf, return_stats=True, **acp)
     print(f"\n[ACP] computed {stats['computed'].tolist()} pruned {stats['pruned'].tolist()}")
     assert (stats["pruned"][:, : H // 2] > 0).all() and (stats["pruned"][:, H // 2:] == 0).all()
+
+
+@pytest.mark.parametrize("T,H,Hkv,D", [(16384, 4, 2, 128), (300000, 1, 1, 64)])
+def test_acp_threshold_and_tables_on_the_gpu(T, H, Hkv, D):
+    """The boundary kernel's in-kernel "auto" threshold (max q / k norms over many chunk programs; QK-norm
+    weights) equals acp.acp_threshold, and its tables equal torch.searchsorted's for that threshold."""
+    import importlib
+
+    fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
+    q, k, _, lf = make(2, T, T, H, Hkv, D)
+    q[1, T // 3, 0] *= 4.0
+    w = (torch.rand(H, D, device="cuda") + 0.5, torch.rand(D, device="cuda") + 0.5)
+    for weights in (None, w):
+        lo, hi, delta = fa._acp_tables_for(q, k, lf, D ** -0.5, "auto", math.exp(-10), weights)
+        want = fa._acp.acp_threshold(q, k, D ** -0.5, "auto", qk_norm_weights=weights)
+        assert torch.allclose(delta, want, rtol=1e-5, atol=0), (delta, want)
+        lo_t, hi_t = fa._acp._tables_torch(lf, delta, T, *fa._acp_grid(max(16, D)))
+        assert torch.equal(lo, lo_t) and torch.equal(hi, hi_t)
+
+
+def test_torch_compile_fullgraph_with_acp():
+    """A compiled call with ACP ("auto" from QK-norm weights) traces the table op and the kernel without graph
+    breaks and matches eager."""
+    q, k, v, lf = make(1, 2048, 2048, 2, 2, 64)
+    lf[..., 0] = -1.0
+    w = torch.ones(64, device="cuda")
+
+    @torch.compile(fullgraph=True)
+    def f(q, k, v, lf):
+        return forgetting_attention(q * 1.0, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+
+    xs = [t.detach().requires_grad_() for t in (q, k, v, lf)]
+    f(*xs).float().square().sum().backward()
+    ys = [t.detach().requires_grad_() for t in (q, k, v, lf)]
+    o = forgetting_attention(ys[0] * 1.0, *ys[1:], adaptive_threshold="auto", qk_norm_weights=(w, w))
+    o.float().square().sum().backward()
+    for x, y in zip(xs, ys):
+        assert torch.allclose(x.grad.float(), y.grad.float(), rtol=1e-2, atol=1e-2)
