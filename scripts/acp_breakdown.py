@@ -3,9 +3,10 @@
 (QK-normed q/k, threshold "auto"); then the same with extra tile configs offered to the autotuner
 (--extra-configs), and the configs it picked.
 
-    python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs] [--profile]
+    python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs] [--profile] [--host]
 
-Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups". docs/kernel.md
+Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups", eager and
+replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call. docs/kernel.md
 quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
 """
 
@@ -17,7 +18,7 @@ import sys
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_attention import SHAPES, acp_inputs, bench, profile  # noqa: E402  (also puts the repo root on sys.path)
+from bench_attention import SHAPES, acp_inputs, bench, bench_graph, profile  # noqa: E402  (also puts the repo root on sys.path)
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -38,11 +39,53 @@ def run(tag, shapes, profile_mixed=False):
                 return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
 
             r = [bench(f, inputs, b) for f in (forgetting_attention, acp) for b in (False, True)]
+            g = [bench_graph(f, inputs, b) for f in (forgetting_attention, acp) for b in (False, True)]
             if profile_mixed and mix == "mixed":
                 profile(acp, inputs, f"{s} mixed heads, ACP fwd+bwd")
             out.append(f"{mix}: dense {r[0]:.3f}/{r[1]:.3f} acp {r[2]:.3f}/{r[3]:.3f} -> "
-                       f"{r[0] / r[2]:.2f}x/{r[1] / r[3]:.2f}x")
+                       f"{r[0] / r[2]:.2f}x/{r[1] / r[3]:.2f}x (CUDA graph: dense {g[0]:.3f}/{g[1]:.3f} "
+                       f"acp {g[2]:.3f}/{g[3]:.3f} -> {g[0] / g[2]:.2f}x/{g[1] / g[3]:.2f}x)")
         print(f"[{tag}] {s} " + " | ".join(out), flush=True)
+
+
+def host_cost(n=200):
+    """Host-side cost of one call on inputs too small to keep the GPU busy (B1 T256 H2 D64): wall time per call
+    of dense / ACP fwd and fwd+bwd, then a cProfile of ACP fwd+bwd calls (the 25 costliest functions)."""
+    import cProfile
+    import pstats
+    import time
+
+    import torch
+
+    (q, k, v, lf), w = acp_inputs(1, 256, 2, 64, local_heads=1)
+    q, k, v, lf = (t.detach().requires_grad_() for t in (q, k, v, lf))
+    do = torch.randn_like(q)
+    calls = {"dense": lambda: forgetting_attention(q, k, v, lf),
+             "acp": lambda: forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))}
+    for name, fn in calls.items():
+        for bwd in (False, True):
+            def step():
+                if bwd:
+                    torch.autograd.grad(fn(), (q, k, v, lf), do)
+                else:
+                    with torch.no_grad():
+                        fn()
+            for _ in range(20):
+                step()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                step()
+            torch.cuda.synchronize()
+            print(f"host: {name} {'fwd+bwd' if bwd else 'fwd'} {(time.perf_counter() - t0) / n * 1e6:.0f} us/call",
+                  flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        torch.autograd.grad(calls["acp"](), (q, k, v, lf), do)
+    torch.cuda.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
 
 
 def main():
@@ -50,8 +93,11 @@ def main():
     ap.add_argument("--shapes", default="S1,S3")
     ap.add_argument("--extra-configs", action="store_true")
     ap.add_argument("--profile", action="store_true", help="print the kernels of one mixed-heads ACP call per shape")
+    ap.add_argument("--host", action="store_true", help="first measure the host-side cost per call (cProfile)")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
+    if args.host:
+        host_cost()
     run("default configs", shapes, args.profile)
     if args.extra_configs:
         orig = fa._gpu_configs

@@ -4,15 +4,17 @@ Layers (top to bottom of this file):
     1. configs / lazy kernel access (``triton_kernels.py`` holds the ``@triton.jit`` code; triton is imported
        only when a kernel is first launched, so importing this module needs no working triton);
     2. launchers ``_fwd_launch`` / ``_bwd_launch`` (plain functions on tensors);
-    3. ``torch.library`` custom ops ``forgetting_transformer::fox_fwd`` / ``fox_bwd`` with fake (meta)
-       implementations and ``register_autograd`` (the autograd layer), so ``torch.compile`` traces the op
-       without graph breaks;
+    3. ``torch.library`` custom ops ``forgetting_transformer::fox_fwd`` / ``fox_bwd`` / ``fox_acp_tables`` with
+       fake (meta) implementations and ``register_autograd``, so ``torch.compile`` traces the op without graph
+       breaks; eager calls take ``_FoxEager`` (an ``autograd.Function`` over the same functions), which skips
+       the custom ops' per-call dispatch cost;
     4. the public ``forgetting_attention``: CUDA bf16/fp16 tensors -> Triton kernel, CPU (and fp32) -> the
        PyTorch reference (``backend="triton"`` forces the kernel, e.g. on CPU under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Optional
@@ -30,7 +32,9 @@ MAX_HEAD_DIM = 256
 # --------------------------------------------------------------------------------------------------------------
 
 
+@functools.cache
 def _interpreting() -> bool:
+    """TRITON_INTERPRET=1 (read once: it must be set before triton is imported anyway)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -152,7 +156,7 @@ _ACP_MODES = {"tensor": 0, "float": 1, "weights": 2, "norms": 3}
 _ACP_NORM_CHUNKS = 1024  # at most this many programs per head for the max norms (tests lower it)
 
 
-def _acp_launch(q, k, lf, sm_scale, mode, delta=None, thr_value=0.0, gammas=None, log_eps=0.0):
+def _acp_launch(q, k, lf, sm_scale, mode, delta=None, thr_value=0.0, gamma_q=None, gamma_k=None, log_eps=0.0):
     """ACP's threshold and (lo, hi) tables on ACP's grid in one or two launches: for ``mode="norms"`` the
     partial max q / k norms (``_acp_norms_kernel``), then ``_acp_tables_kernel`` (threshold, float64 cumsum,
     linear two-pointer walks). Returns (lo, hi, delta (B, H) fp32). ``acp.acp_threshold`` and
@@ -171,7 +175,7 @@ def _acp_launch(q, k, lf, sm_scale, mode, delta=None, thr_value=0.0, gammas=None
     sgq = sgk = 0
     gk_div, nch = 1, 1
     if mode == "weights":
-        gq, gk = (g.detach().contiguous() for g in gammas)
+        gq, gk = gamma_q.contiguous(), gamma_k.contiguous()
         sgq, sgk = (D if g.dim() == 2 else 0 for g in (gq, gk))
         gk_div = H // Hkv if gk.dim() == 2 and gk.shape[0] == Hkv else 1
     elif mode == "norms":
@@ -323,8 +327,20 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
 
 
 # --------------------------------------------------------------------------------------------------------------
-# 3. torch.library custom ops (+ fake impls, + autograd)
+# 3. torch.library custom ops (+ fake impls, + autograd) for torch.compile; an autograd.Function for eager
 # --------------------------------------------------------------------------------------------------------------
+# Both layers call the same plain functions (``_fwd_impl`` / ``_bwd_impl`` / ``_acp_launch``). Eager calls skip
+# torch.library's dispatch (redispatch, default filling, dynamo-disable wrappers): ~100 us of host time per op
+# call, which is more than the kernels take at small shapes (docs/kernel.md, "Host-side cost").
+
+
+def _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
+    return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, None if acp_lo is None else (acp_lo, acp_hi))
+
+
+def _bwd_impl(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi):
+    return _bwd_launch(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale,
+                       None if acp_lo is None else (acp_lo, acp_hi))
 
 
 @torch.library.custom_op("forgetting_transformer::fox_fwd", mutates_args=())
@@ -333,8 +349,7 @@ def _fox_fwd(
     kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor], sm_scale: float,
     acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    tables = None if acp_lo is None else (acp_lo, acp_hi)
-    return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, tables)
+    return _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi)
 
 
 @_fox_fwd.register_fake
@@ -349,8 +364,7 @@ def _fox_bwd(
     o: torch.Tensor, lse: torch.Tensor, kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor],
     sm_scale: float, acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    tables = None if acp_lo is None else (acp_lo, acp_hi)
-    return _bwd_launch(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, tables)
+    return _bwd_impl(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi)
 
 
 @_fox_bwd.register_fake
@@ -364,9 +378,8 @@ def _fox_acp_tables(
     delta: Optional[torch.Tensor], thr_value: float, gamma_q: Optional[torch.Tensor],
     gamma_k: Optional[torch.Tensor], log_eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ACP's (lo, hi, delta) (see ``_acp_launch``); an op of its own so that a compiled model traces it."""
-    gammas = None if gamma_q is None else (gamma_q, gamma_k)
-    return _acp_launch(q, k, log_fgate, sm_scale, mode, delta, thr_value, gammas, log_eps)
+    """ACP's (lo, hi, delta) (see ``_acp_launch``)."""
+    return _acp_launch(q, k, log_fgate, sm_scale, mode, delta, thr_value, gamma_q, gamma_k, log_eps)
 
 
 @_fox_acp_tables.register_fake
@@ -386,11 +399,28 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, dlse):
     q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi = ctx.saved_tensors
-    dq, dk, dv, dlf = _fox_bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, acp_lo, acp_hi)
+    bwd = _fox_bwd if torch.compiler.is_compiling() else _bwd_impl
+    dq, dk, dv, dlf = bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, acp_lo, acp_hi)
     return dq, dk, dv, dlf, None, None, None, None, None
 
 
 _fox_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _FoxEager(torch.autograd.Function):
+    """The eager autograd layer: ``fox_fwd``'s impl, setup_context and backward without the op dispatch."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        o, lse = _fwd_impl(*inputs)
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(lse)
+        _setup_context(ctx, inputs, (o, lse))
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        return _backward(ctx, do, dlse)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -445,8 +475,9 @@ def _acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_n
         gammas, mode = tuple(g.detach().to(q.device) for g in qk_norm_weights), "weights"
     else:
         mode = "norms"
-    return _fox_acp_tables(q.detach(), k.detach(), log_fgate.detach(), sm_scale, mode, delta, thr_value, *gammas,
-                           math.log(acp_eps) if kind == "auto" else 0.0)
+    tables = _fox_acp_tables if torch.compiler.is_compiling() else _acp_launch  # see section 3
+    return tables(q.detach(), k.detach(), log_fgate.detach(), sm_scale, mode, delta, thr_value, *gammas,
+                  math.log(acp_eps) if kind == "auto" else 0.0)
 
 
 def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlens=None, seq_start=None,
@@ -469,7 +500,8 @@ def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlen
     tables = (None, None)
     if adaptive_threshold is not None:
         tables = _acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_norm_weights)[:2]
-    o, _ = _fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
+    fwd = _fox_fwd if torch.compiler.is_compiling() else _FoxEager.apply
+    o, _ = fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
     if return_stats:
         cfg = _fixed_config("fwd", block_d)[0]
         lo = None
