@@ -108,6 +108,7 @@ def main():
 
         fa._gpu_configs = more
         fa._KERNELS.clear()
+        fa._TUNED.clear()
         run("extended configs", shapes)
     for (kind, _), kern in fa._KERNELS.items():  # the autotuner's picks (key: ..., argument dtypes)
         for key, cfg in getattr(kern, "cache", {}).items():

@@ -209,6 +209,32 @@ def test_torch_compile_no_graph_break(acp):
         assert rel(x.grad, y.grad) <= 1e-6
 
 
+def test_compiled_graphs_hold_the_custom_ops():
+    """Under torch.compile the forward and backward graphs call the opaque ops (fox_acp_tables, fox_fwd,
+    fox_bwd) and never trace into a kernel launch (eager calls take ``_FoxEager`` instead)."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = {}
+
+    def backend(gm, example_inputs):
+        def keep(name):
+            def compiler(g, _):
+                graphs[name] = str(g.code)
+                return make_boxed_func(g.forward)
+            return compiler
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep("fwd"), bw_compiler=keep("bwd"))
+
+    q, k, v, lf = make(1, 16, 16, 2, 2, 16)
+    xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
+    f = torch.compile(lambda *x: forgetting_attention(*x, backend="triton", adaptive_threshold="auto").sum(),
+                      backend=backend, fullgraph=True)
+    f(*xs).backward()
+    assert "fox_acp_tables" in graphs["fwd"] and "fox_fwd" in graphs["fwd"], graphs["fwd"]
+    assert "fox_bwd" in graphs["bwd"], graphs["bwd"]
+    assert all(torch.isfinite(x.grad).all() for x in xs)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Adaptive Computation Pruning
 # ---------------------------------------------------------------------------------------------------------------

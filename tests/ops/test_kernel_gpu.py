@@ -212,3 +212,19 @@ def test_torch_compile_fullgraph_with_acp():
     o.float().square().sum().backward()
     for x, y in zip(xs, ys):
         assert torch.allclose(x.grad.float(), y.grad.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_autotuned_launches(monkeypatch):
+    """With autotuning on (the default outside tests), the first call tunes each kernel and later calls launch
+    the pick directly (``_TUNED``); both calls meet the float64 tolerances, and the pick is the autotuner's."""
+    import importlib
+
+    fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
+    monkeypatch.setenv("FOX_AUTOTUNE", "1")
+    monkeypatch.setattr(fa, "_TUNED", {})
+    q, k, v, lf = make(1, 1024, 1024, 4, 2, 64)
+    first = check(q, k, v, lf)
+    assert {key[0] for key in fa._TUNED} == {"fwd", "dq", "dkdv"}
+    for (kind, _, _), cfg in fa._TUNED.items():
+        assert cfg is fa._kernel(kind).best_config or cfg in fa._kernel(kind).cache.values()
+    assert check(q, k, v, lf) == first  # the same configs: bit-identical results
