@@ -99,9 +99,7 @@ def _kernel(kind):
     """The jit kernel for ``kind`` (autotuned on a GPU, plain under the interpreter)."""
     key = (kind, _autotune_enabled())
     if key not in _KERNELS:
-        from . import triton_kernels as tk
-
-        fn = {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
+        fn = _raw_kernel(kind)
         if _autotune_enabled():
             import triton
 
@@ -485,7 +483,7 @@ def _acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_n
     kind = _acp.threshold_kind(adaptive_threshold, B, H, acp_eps)
     delta, thr_value, gammas, mode = None, 0.0, (None, None), kind
     if kind == "tensor":
-        delta = adaptive_threshold.detach().to(device=q.device, dtype=torch.float32).contiguous()
+        delta = _acp.acp_threshold(q, k, sm_scale, adaptive_threshold)  # (B, H) fp32 on q's device
     elif kind == "float":
         thr_value = float(adaptive_threshold)
     elif qk_norm_weights is not None:

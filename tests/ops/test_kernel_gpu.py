@@ -3,6 +3,7 @@
 Run on the device: ``FOX_AUTOTUNE=0 python -m pytest -m gpu tests/ops -q`` (scripts/gpu_tests.sh).
 """
 
+import importlib
 import math
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from forgetting_transformer.ops import forgetting_attention, forgetting_attention_ref
+
+fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 
 pytestmark = [
     pytest.mark.gpu,
@@ -180,9 +183,6 @@ def test_acp_bf16():
 def test_acp_threshold_and_tables_on_the_gpu(T, H, Hkv, D):
     """The boundary kernel's in-kernel "auto" threshold (max q / k norms over many chunk programs; QK-norm
     weights) equals acp.acp_threshold, and its tables equal torch.searchsorted's for that threshold."""
-    import importlib
-
-    fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
     q, k, _, lf = make(2, T, T, H, Hkv, D)
     q[1, T // 3, 0] *= 4.0
     w = (torch.rand(H, D, device="cuda") + 0.5, torch.rand(D, device="cuda") + 0.5)
@@ -217,9 +217,6 @@ def test_torch_compile_fullgraph_with_acp():
 def test_autotuned_launches(monkeypatch):
     """With autotuning on (the default outside tests), the first call tunes each kernel and later calls launch
     the pick directly (``_TUNED``); both calls meet the float64 tolerances, and the pick is the autotuner's."""
-    import importlib
-
-    fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
     monkeypatch.setenv("FOX_AUTOTUNE", "1")
     monkeypatch.setattr(fa, "_TUNED", {})
     q, k, v, lf = make(1, 1024, 1024, 4, 2, 64)
