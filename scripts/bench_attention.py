@@ -170,15 +170,16 @@ def sweep(shapes):
         ff = flops_fwd(B, T, H, D)
         o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
         do = torch.randn_like(q)
-        dq, drow, delta = fa._bwd_dq(do, q, k, v, lf, o, lse, None, sm)
-        dk, dv, dcol = fa._bwd_dkdv(do, q, k, v, lf, lse, delta, None, None, sm)
+        pk, pq = fa._block_prefix(lf, T)
+        dq, drow, delta = fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm)
+        dk, dv, dcol = fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm)
         bench_ = lambda f: triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")  # noqa: E731
         print(f"{sname} dlogf {bench_(lambda: fa._bwd_dlogf(drow, dcol)):.3f} ms; whole bwd (autotuned) "
               f"{bench_(lambda: fa._bwd_launch(do, q, k, v, lf, o, lse, None, None, sm)):.3f} ms", flush=True)
         calls = {
             "fwd": (lambda: fa._fwd_launch(q, k, v, lf, None, sm), 1.0),
-            "dq": (lambda: fa._bwd_dq(do, q, k, v, lf, o, lse, None, sm), 1.5),
-            "dkdv": (lambda: fa._bwd_dkdv(do, q, k, v, lf, lse, delta, None, None, sm), 2.0),
+            "dq": (lambda: fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm), 1.5),
+            "dkdv": (lambda: fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm), 2.0),
         }
         for kind, (call, mult) in calls.items():
             for m, n, w, st in SWEEP[kind]:

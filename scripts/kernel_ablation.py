@@ -1,6 +1,6 @@
 """Where the Forgetting Attention kernels' time goes (GPU only; a diagnostic, the ablated results are wrong).
 
-    python scripts/kernel_ablation.py [--shapes S1,S2,S3,S4] [--variants base,noscan,...] [--out FILE]
+    python scripts/kernel_ablation.py [--shapes S1,S2,S3,S4] [--variants base,nodecay,...] [--out FILE]
 
 Each variant is the kernel source (`ops/triton_kernels.py`) with one piece of FoX-specific work removed by a
 text substitution, launched with the heuristic configs (FOX_AUTOTUNE=0). Per-kernel GPU times come from the
@@ -11,6 +11,7 @@ moving out of the inner loops; `plain` (no decay at all) bounds what any decay s
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import os
 import sys
@@ -22,34 +23,26 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from bench_attention import SHAPES, make_inputs  # noqa: E402
-import forgetting_transformer.ops  # noqa: E402,F401
 
-fa = sys.modules["forgetting_transformer.ops.forgetting_attention"]  # the module (ops exports the function)
+fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")  # the module, not the function
 
 SRC = os.path.join(os.path.dirname(fa.__file__), "triton_kernels.py")
 
-# fwd / dq key-block decay: block-local cumsum + block total of log f
-_FWD_SCAN = [("    ck = tl.cumsum(lf_k, 0)\n    tot_k = tl.sum(lf_k, 0)\n",
-              "    ck = lf_k\n    tot_k = tl.load(LF_base + n0 * slt)\n")]
-_FWD_NODECAY = [("    lf_k = tl.load(LF_base + pos_k * slt, mask=kv_ok, other=0.0)\n    ck = tl.cumsum(lf_k, 0)\n"
-                 "    tot_k = tl.sum(lf_k, 0)\n",
-                 "    lf_k = offs_n.to(tl.float32) * 0.0\n    ck = lf_k\n    tot_k = 0.0\n")]
-# dk/dv query-block decay
-_DKDV_SCAN = [("    cq = tl.cumsum(lf_q, 0)\n    # decay", "    cq = lf_q\n    # decay"),
-              ("acc_c + tl.sum(lf_q, 0)", "acc_c + tl.load(LF_base + m0 * slt)")]
-_DKDV_NODECAY = [("    lf_q = tl.load(LF_base + pos_q * slt, mask=row_ok, other=0.0)\n    cq = tl.cumsum(lf_q, 0)\n"
-                  "    # decay", "    lf_q = offs_m.to(tl.float32) * 0.0\n    cq = lf_q\n    # decay"),
-                 ("acc_c + tl.sum(lf_q, 0)", "acc_c")]
-_NOROWSUM = [("    rowsum += tl.sum(ds, 1)\n", "")]
-_NOCOLSUM = [("    colsum += tl.sum(dsT, 1)\n", "")]
+# The decay work left in the inner loops: per tile, a vector and a scalar load of the block-local log f prefix
+# sums (fwd / dq: key side; dk/dv: query side) and the arithmetic on them.
+_NODECAY = [("    ck = tl.load(PK_base + pos_k)", "    ck = offs_n.to(tl.float32) * 0.0"),
+            ("    tot_k = tl.load(PK_base + tl.minimum(n0 + BLOCK_N, E) - 1)", "    tot_k = 0.0"),
+            ("    cq = tl.load(PQ_base + rows)", "    cq = offs_m.to(tl.float32) * 0.0"),
+            ("acc_c + tl.load(PQ_base + (m0 - off) + BLOCK_M - 1)", "acc_c")]
+_NOROWSUM = [("    rowsum += tl.sum(ds, 1)\n", "")]  # the row sums of dS in the dq kernel (for d log f)
+_NOCOLSUM = [("    colsum += tl.sum(dsT, 1)\n", "")]  # the column sums of dS in the dk/dv kernel
 
 VARIANTS = {
     "base": [],
-    "noscan": _FWD_SCAN + _DKDV_SCAN,  # loads kept, no cumsum / block sums in the inner loops
-    "nodecay": _FWD_NODECAY + _DKDV_NODECAY,  # no log f in the inner loops at all
+    "nodecay": _NODECAY,
     "norowsum": _NOROWSUM,
     "nocolsum": _NOCOLSUM,
-    "plain": _FWD_NODECAY + _DKDV_NODECAY + _NOROWSUM + _NOCOLSUM,
+    "plain": _NODECAY + _NOROWSUM + _NOCOLSUM,
 }
 
 
@@ -79,7 +72,7 @@ def kernel_times(fn, n=20):
         torch.cuda.synchronize()
     out = {}
     for e in prof.key_averages():
-        for short in ("fwd_kernel", "dq_kernel", "dkdv_kernel", "dlogf_kernel"):
+        for short in ("fwd_kernel", "dq_kernel", "dkdv_kernel", "dlogf_kernel", "block_prefix_kernel"):
             if short in e.key:
                 out[short.split("_")[0]] = e.device_time_total / 1e3 / n
     return out
@@ -97,7 +90,8 @@ def main():
     mods = {v: load_variant(v, tmp) for v in args.variants.split(",")}
     real_raw = fa._raw_kernel
     lines = [f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}; triton {triton.__version__}",
-             "", "| shape | variant | fwd | dq | dkdv | dlogf | total | vs base |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "", "| shape | variant | fwd | dq | dkdv | dlogf | prefix | total | vs base |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     print("\n".join(lines), flush=True)
     for s in args.shapes.split(","):
         B, T, H, D = SHAPES[s]
@@ -116,7 +110,7 @@ def main():
             total = sum(t.values())
             base_total = base_total or total
             row = (f"| {s} | {name} | {t.get('fwd', 0):.3f} | {t.get('dq', 0):.3f} | {t.get('dkdv', 0):.3f} | "
-                   f"{t.get('dlogf', 0):.3f} | {total:.3f} | {base_total / total:.3f}x |")
+                   f"{t.get('dlogf', 0):.3f} | {t.get('block', 0):.3f} | {total:.3f} | {base_total / total:.3f}x |")
             lines.append(row)
             print(row, flush=True)
     fa._raw_kernel = real_raw

@@ -234,6 +234,21 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
+def _block_prefix(lf, Tq):
+    """(PK, PQ), each (4, B*H, TPAD) fp32: the prefix sums of log f within aligned blocks of 16 / 32 / 64 / 128
+    over key positions and over query rows, which the kernels' inner loops read instead of forming a
+    ``tl.cumsum`` per tile (one launch; ``_block_prefix_kernel``)."""
+    B, Tk, H = lf.shape
+    tpad = _cdiv(max(Tk, 1), 128) * 128
+    pk = torch.empty((4, B * H, tpad), device=lf.device, dtype=torch.float32)
+    pq = torch.empty_like(pk)
+    from . import triton_kernels as tk
+
+    tk._block_prefix_kernel[(B * H, tpad // 128)](lf, pk, pq, H, Tk, Tk - Tq, tpad, lf.stride(0), lf.stride(1),
+                                                   lf.stride(2), CHUNK=128)
+    return pk, pq
+
+
 def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -246,14 +261,15 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
     block_d = max(16, _next_pow2(D))
     lo = lse if acp_tables is None else acp_tables[0]
+    pk, _ = _block_prefix(lf, Tq)
     _launch(
         "fwd", lambda META: (B * H, _cdiv(Tq, META["BLOCK_M"])), (_next_pow2(Tk), H // Hkv, q.dtype),
-        q, k, v, lf, o, lse, ks, lo,
+        q, k, v, lf, pk, o, lse, ks, lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         o.stride(0), o.stride(1), o.stride(2), *ks_strides,
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, block_d, rows_only=True),
+        *_acp_args(acp_tables, block_d, rows_only=True), pk.shape[2],
         HEAD_DIM=D, BLOCK_D=block_d, HAS_START=has_start, HAS_LO=acp_tables is not None,
         IEEE=q.dtype == torch.float32,
     )
@@ -266,9 +282,10 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
         return torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(lf)
     do = do.contiguous()
     o = o.contiguous()
+    pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
-    dq, drow, delta = _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables)
-    dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables)
+    dq, drow, delta = _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables)
+    dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables)
     return dq, dk, dv, _bwd_dlogf(drow, dcol)
 
 
@@ -283,7 +300,7 @@ def _bwd_dlogf(drow, dcol):
     return dlf
 
 
-def _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables=None):
+def _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     q, o = q.contiguous(), o.contiguous()  # the dq kernel indexes q, o and dq with one set of strides
@@ -297,18 +314,18 @@ def _bwd_dq(do, q, k, v, lf, o, lse, kstart, sm_scale, acp_tables=None):
     lo = lse if acp_tables is None else acp_tables[0]
     _launch(
         "dq", lambda META: (B * H, _cdiv(Tq, META["BLOCK_M"])), (_next_pow2(Tk), H // Hkv, q.dtype),
-        q, k, v, lf, do, o, lse, delta, dq, drow, ks, lo,
+        q, k, v, lf, pk, do, o, lse, delta, dq, drow, ks, lo,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides,
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, common["BLOCK_D"], rows_only=True),
+        *_acp_args(acp_tables, common["BLOCK_D"], rows_only=True), pk.shape[2],
         HAS_START=has_start, HAS_LO=acp_tables is not None, **common,
     )
     return dq, drow, delta
 
 
-def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=None):
+def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     dk = torch.empty_like(k)
@@ -324,13 +341,13 @@ def _bwd_dkdv(do, q, k, v, lf, lse, delta, kstart, kend, sm_scale, acp_tables=No
     lo, hi = (lse, lse) if acp_tables is None else acp_tables
     _launch(
         "dkdv", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])), (_next_pow2(Tk), H // Hkv, q.dtype),
-        q, k, v, lf, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi,
+        q, k, v, lf, pq, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides, *ke_strides,
         dk.stride(0), dk.stride(1), dk.stride(2),
         H, Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, common["BLOCK_D"]),
+        *_acp_args(acp_tables, common["BLOCK_D"]), pq.shape[2],
         H // Hkv,
         HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, **common,
     )

@@ -5,6 +5,9 @@ Layouts (strides are passed, the last dim must be contiguous):
     LSE, DELTA: (B, H, Tq) float32 (LSE in log2 units)
     KSTART: (B, Tq) int32, first visible key position of each query row (left padding / documents)
     KEND:   (B, Tk) int32, last query position that may see each key (documents)
+    PK, PQ: (4, B*H, TPAD) float32, log f prefix sums within aligned blocks of 16 / 32 / 64 / 128 positions
+            (``_block_prefix_kernel``): PK over key positions (blocks at multiples of the size), PQ over query
+            rows (blocks at multiples of the size from row 0, i.e. key position ``off``)
 Queries are aligned to the end of the keys: query row r sits at absolute key position ``off + r``,
 ``off = Tk - Tq``.
 
@@ -12,7 +15,9 @@ Numerics of the decay ``D_ij = sum_{t=j+1..i} log f_t``: it is never formed as a
 cumulative sum. Each tile forms local cumulative sums of its own ``log f`` block (``tl.cumsum``) and a running
 sum of whole-block totals carries the distance between the query block and the key block; the only
 subtraction is between two sums of at most one block each plus the (non-cancelling) running total, so the
-rounding error is that of a ``BLOCK``-long sum, independent of the sequence length.
+rounding error is that of a ``BLOCK``-long sum, independent of the sequence length. The block-local sums the
+inner loops need are read from PK / PQ, formed once per call by one launch: a ``tl.cumsum`` per tile inside
+the loops cost 8-15% of fwd+bwd on an H200 (``scripts/kernel_ablation.py``).
 """
 
 import triton
@@ -27,6 +32,46 @@ def _dot(a, b, IEEE: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _block_prefix_kernel(LF, PK, PQ, H, Tk, off, TPAD, slb, slt, slh, CHUNK: tl.constexpr):
+    """Program (b*h, c), grid (B*H, TPAD / CHUNK): for the CHUNK = 128 positions of chunk c, the inclusive prefix sums of log f within aligned
+    blocks of 16, 32, 64 and 128, over key positions (PK[s, b*h, t]) and over query rows (PQ[s, b*h, r],
+    position off + r). Positions past Tk count as log f = 0 (so a block's last entry is its total)."""
+    pid = tl.program_id(0)
+    c = tl.program_id(1)
+    b = pid // H
+    h = pid % H
+    base = LF + b.to(tl.int64) * slb + h.to(tl.int64) * slh
+    i = c * CHUNK + tl.arange(0, CHUNK)
+    xk = tl.load(base + i * slt, mask=i < Tk, other=0.0)
+    xq = tl.load(base + (off + i) * slt, mask=off + i < Tk, other=0.0)
+    row = pid.to(tl.int64) * TPAD + i
+    plane = tl.num_programs(0).to(tl.int64) * TPAD  # (from the grid: an int argument of 1 is a constant)
+    tl.store(PK + row, tl.reshape(tl.cumsum(tl.reshape(xk, [CHUNK // 16, 16]), 1), [CHUNK]))
+    tl.store(PK + plane + row, tl.reshape(tl.cumsum(tl.reshape(xk, [CHUNK // 32, 32]), 1), [CHUNK]))
+    tl.store(PK + 2 * plane + row, tl.reshape(tl.cumsum(tl.reshape(xk, [CHUNK // 64, 64]), 1), [CHUNK]))
+    tl.store(PK + 3 * plane + row, tl.cumsum(xk, 0))
+    tl.store(PQ + row, tl.reshape(tl.cumsum(tl.reshape(xq, [CHUNK // 16, 16]), 1), [CHUNK]))
+    tl.store(PQ + plane + row, tl.reshape(tl.cumsum(tl.reshape(xq, [CHUNK // 32, 32]), 1), [CHUNK]))
+    tl.store(PQ + 2 * plane + row, tl.reshape(tl.cumsum(tl.reshape(xq, [CHUNK // 64, 64]), 1), [CHUNK]))
+    tl.store(PQ + 3 * plane + row, tl.cumsum(xq, 0))
+
+
+@triton.jit
+def _prefix_plane(P, pid_bh, BH, TPAD, BLOCK: tl.constexpr):
+    """The row of PK / PQ (``_block_prefix_kernel``) for blocks of BLOCK positions, for one (b, h)."""
+    tl.static_assert(BLOCK == 16 or BLOCK == 32 or BLOCK == 64 or BLOCK == 128)
+    if BLOCK == 16:
+        plane = 0
+    elif BLOCK == 32:
+        plane = 1
+    elif BLOCK == 64:
+        plane = 2
+    else:
+        plane = 3
+    return P + (plane * BH.to(tl.int64) + pid_bh) * TPAD  # BH: a tensor (from the grid)
 
 
 @triton.jit
@@ -83,16 +128,16 @@ def _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d,
 
 
 @triton.jit
-def _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt, n0, E, qk_scale, offs_n, offs_d,
+def _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, PK_base, skt, svt, n0, E, qk_scale, offs_n, offs_d,
                 CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                IEEE: tl.constexpr):
+                BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """One key block of the fwd / dq loops: scores ``s`` (BLOCK_M, BLOCK_N) in log2 units with the decay and
-    masks applied, the K and V tiles, and the running sum ``g`` of log f over the key blocks visited so far."""
+    masks applied, the K and V tiles, and the running sum ``g`` of log f over the key blocks visited so far.
+    ``PK_base``: the key-side block prefix sums for blocks of BLOCK_N (the key blocks are aligned)."""
     pos_k = n0 + offs_n
     kv_ok = pos_k < E
-    lf_k = tl.load(LF_base + pos_k * slt, mask=kv_ok, other=0.0)
-    ck = tl.cumsum(lf_k, 0)
-    tot_k = tl.sum(lf_k, 0)
+    ck = tl.load(PK_base + pos_k)  # block-local cumsum of log f (padded past Tk)
+    tot_k = tl.load(PK_base + tl.minimum(n0 + BLOCK_N, E) - 1)  # sum over the block's keys before E
     k, v = _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d, CAUSAL_MASK, HEAD_DIM, BLOCK_D)
     # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g)
     dk2 = ((tot_k - ck) + g) * 1.4426950408889634
@@ -106,13 +151,13 @@ def _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt
 
 @triton.jit
 def _attn_fwd_inner(
-    acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+    acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
     n0, E, qk_scale, offs_n, offs_d,
     CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
 ):
-    s, k, v, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt, n0, E, qk_scale,
-                             offs_n, offs_d, CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, IEEE)
+    s, k, v, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, PK_base, skt, svt, n0, E, qk_scale,
+                             offs_n, offs_d, CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(s - m_safe[:, None])
@@ -124,9 +169,9 @@ def _attn_fwd_inner(
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, LF, O, LSE, KSTART, LO_BLK,
+    Q, K, V, LF, PK, O, LSE, KSTART, LO_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sob, sot, soh, ssb, sst,
-    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN,
+    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, TPAD,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -158,6 +203,7 @@ def _attn_fwd_kernel(
     cq = tl.cumsum(lf_q, 0)
     rq2 = (tl.sum(lf_q, 0) - cq) * 1.4426950408889634  # sum_{t=i+1}^{E-1} log f_t, log2 units
     qk_scale = sm_scale * 1.4426950408889634
+    PK_base = _prefix_plane(PK, pid_bh, tl.num_programs(0), TPAD, BLOCK_N)
 
     kstart, lo_blk, n_top, n_masked, n_clean, n_smasked = _row_bounds(
         KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_NQ, ACP_GM, ACP_GN,
@@ -172,19 +218,19 @@ def _attn_fwd_kernel(
     for it in range(0, n_masked):
         n0 = n_top - it * BLOCK_N
         acc, l_i, m_i, g = _attn_fwd_inner(
-            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, True, HAS_START or HAS_LO, HEAD_DIM, BLOCK_D, IEEE)
+            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
+            n0, E, qk_scale, offs_n, offs_d, True, HAS_START or HAS_LO, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     for it in range(0, n_clean):
         n0 = n_top - (n_masked + it) * BLOCK_N
         acc, l_i, m_i, g = _attn_fwd_inner(
-            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, IEEE)
+            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
+            n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     if HAS_START or HAS_LO:  # (compiled out of the dense kernel)
         for it in range(0, n_smasked):
             n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
             acc, l_i, m_i, g = _attn_fwd_inner(
-                acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-                n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, IEEE)
+                acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
+                n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
 
     l_ok = l_i > 0.0
     o = acc / tl.where(l_ok, l_i, 1.0)[:, None]
@@ -200,13 +246,13 @@ def _attn_fwd_kernel(
 
 @triton.jit
 def _attn_bwd_dq_inner(
-    dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
+    dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
     n0, E, qk_scale, offs_n, offs_d,
     CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
 ):
-    s, k, v, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt, n0, E, qk_scale,
-                             offs_n, offs_d, CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, IEEE)
+    s, k, v, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, PK_base, skt, svt, n0, E, qk_scale,
+                             offs_n, offs_d, CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     p = tl.math.exp2(s - lse2[:, None])
     dp = _dot(do, tl.trans(v), IEEE)
     ds = p * (dp - delta[:, None])
@@ -217,9 +263,9 @@ def _attn_bwd_dq_inner(
 
 @triton.jit
 def _attn_bwd_dq_kernel(
-    Q, K, V, LF, DO, O, LSE, DELTA, DQ, DROW, KSTART, LO_BLK,
+    Q, K, V, LF, PK, DO, O, LSE, DELTA, DQ, DROW, KSTART, LO_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst,
-    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN,
+    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, TPAD,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -259,6 +305,7 @@ def _attn_bwd_dq_kernel(
     cq = tl.cumsum(lf_q, 0)
     rq2 = (tl.sum(lf_q, 0) - cq) * 1.4426950408889634
     qk_scale = sm_scale * 1.4426950408889634
+    PK_base = _prefix_plane(PK, pid_bh, tl.num_programs(0), TPAD, BLOCK_N)
 
     kstart, lo_blk, n_top, n_masked, n_clean, n_smasked = _row_bounds(
         KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_NQ, ACP_GM, ACP_GN,
@@ -270,19 +317,19 @@ def _attn_bwd_dq_kernel(
     for it in range(0, n_masked):  # same block order as the forward
         n0 = n_top - it * BLOCK_N
         dq, rowsum, g = _attn_bwd_dq_inner(
-            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, True, HAS_START or HAS_LO, HEAD_DIM, BLOCK_D, IEEE)
+            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
+            n0, E, qk_scale, offs_n, offs_d, True, HAS_START or HAS_LO, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     for it in range(0, n_clean):
         n0 = n_top - (n_masked + it) * BLOCK_N
         dq, rowsum, g = _attn_bwd_dq_inner(
-            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-            n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, IEEE)
+            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
+            n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     if HAS_START or HAS_LO:
         for it in range(0, n_smasked):
             n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
             dq, rowsum, g = _attn_bwd_dq_inner(
-                dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, LF_base, skt, svt, slt,
-                n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, IEEE)
+                dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
+                n0, E, qk_scale, offs_n, offs_d, False, True, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
 
     DQ_base = DQ + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh  # DQ shares q's (contiguous) strides
     tl.store(DQ_base + offs_m[:, None] * sqt + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty),
@@ -293,10 +340,10 @@ def _attn_bwd_dq_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
-    dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-    KSTART_base, LO_base, sqt, sdot, slt, sst, m0, off, Tq, qk_scale, offs_m, offs_d, ACP_GM, ACP_GN,
+    dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
+    KSTART_base, LO_base, sqt, sdot, sst, m0, off, Tq, qk_scale, offs_m, offs_d, ACP_GM, ACP_GN,
     CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, ACP_MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr,
 ):
     # Transposed formulation (keys on rows): S^T = K Q^T, so P^T / dS^T feed the dv / dk products directly.
     rows = m0 - off + offs_m
@@ -312,8 +359,7 @@ def _attn_bwd_dkdv_inner(
                      mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     lse2 = tl.load(LSE_base + rows, mask=row_ok, other=0.0)
     delta = tl.load(DELTA_base + rows, mask=row_ok, other=0.0)
-    lf_q = tl.load(LF_base + pos_q * slt, mask=row_ok, other=0.0)
-    cq = tl.cumsum(lf_q, 0)
+    cq = tl.load(PQ_base + rows)  # block-local cumsum of log f over the query block (padded past Tq)
     # decay: sum_{t=j+1}^{i} = (sum_{n0}^{m0-1} + local cumsum of the query block) - local cumsum of the key block
     dq2 = (acc_c + cq) * 1.4426950408889634 - lse2
     sT = _dot(k, qT, IEEE) * qk_scale + (dq2[None, :] - ck2[:, None])
@@ -331,15 +377,15 @@ def _attn_bwd_dkdv_inner(
     dsT = pT * (dpT - delta[None, :])
     dk += _dot(dsT.to(qT.dtype), tl.trans(qT), IEEE)
     colsum += tl.sum(dsT, 1)
-    return dk, dv, colsum, acc_c + tl.sum(lf_q, 0)
+    return dk, dv, colsum, acc_c + tl.load(PQ_base + (m0 - off) + BLOCK_M - 1)
 
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, LF, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK,
+    Q, K, V, LF, PQ, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst, seb, set,
     sdkb, sdkt, sdkh,
-    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, GROUP: tl.constexpr,
+    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, TPAD, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -387,6 +433,7 @@ def _attn_bwd_dkdv_kernel(
         DO_base = DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh
         bh = b * H + h
         LSE_base = LSE + bh.to(tl.int64) * Tq
+        PQ_base = _prefix_plane(PQ, bh, tl.num_programs(0) // HKV * H, TPAD, BLOCK_M)
         DELTA_base = DELTA + bh.to(tl.int64) * Tq
         KSTART_base = KSTART + b.to(tl.int64) * ssb
         lf_k = tl.load(LF_base + pos_k * slt, mask=k_ok, other=0.0)
@@ -415,20 +462,20 @@ def _attn_bwd_dkdv_kernel(
         mb_end = tl.maximum(tl.minimum(mb_acp, mb_hi + 1), mb_mid)
         for mb in range(mb_first, mb_mid):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
-                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE)
+                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
+                KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         for mb in range(mb_mid, mb_end):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
-                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, IEEE)
+                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
+                KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         if HAS_HI:
             for mb in range(mb_end, mb_hi + 1):
                 dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
-                    dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, LF_base, LSE_base, DELTA_base,
-                    KSTART_base, LO_base, sqt, sdot, slt, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                    ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, IEEE)
+                    dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
+                    KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                    ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         # DCOL is (B, Tk, H) contiguous
         tl.store(DCOL + (b.to(tl.int64) * Tk + pos_k) * H + h, colsum, mask=k_ok)
 

@@ -153,6 +153,21 @@ def test_long_sequence_gates_near_one(big_tiles):
     assert rel(o, ref) <= RTOL
 
 
+@pytest.mark.parametrize("Tq,Tk", [(300, 300), (37, 230)])
+def test_block_prefix_sums(Tq, Tk):
+    """The block-local log f prefix sums the inner loops read: key side aligned at 0, query side at Tk - Tq."""
+    lf = F.logsigmoid(torch.randn(2, Tk, 3, generator=torch.Generator().manual_seed(Tk)))
+    pk, pq = fa._block_prefix(lf, Tq)
+    tpad = pk.shape[2]
+    x = lf.permute(0, 2, 1).reshape(6, Tk).double()
+    xk = F.pad(x, (0, tpad - Tk))
+    xq = F.pad(x[:, Tk - Tq:], (0, tpad - Tq))
+    for plane, size in enumerate((16, 32, 64, 128)):
+        for got, src in ((pk, xk), (pq, xq)):
+            want = src.view(6, tpad // size, size).cumsum(-1).view(6, tpad)
+            assert (got[plane].double() - want).abs().max() <= 1e-5 * want.abs().max(), (plane, size)
+
+
 def test_default_dispatch_cpu_is_reference():
     q, k, v, lf = make(1, 10, 10, 2, 2, 16)
     assert torch.equal(forgetting_attention(q, k, v, lf), forgetting_attention_ref(q, k, v, lf))
