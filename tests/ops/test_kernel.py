@@ -401,3 +401,18 @@ def test_acp_qk_norm_weight_shapes_are_checked():
             forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto", qk_norm_weights=w)
         with pytest.raises(ValueError, match=bad):
             forgetting_attention(q, k, v, lf, backend="reference", adaptive_threshold="auto", qk_norm_weights=w)
+
+
+def test_kernel_ablation_variants_apply(monkeypatch, tmp_path):
+    """scripts/kernel_ablation.py edits the kernel source by text substitution: every variant's patterns must
+    still be found in ops/triton_kernels.py and the edited modules must import (else the script is stale)."""
+    scripts = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
+    monkeypatch.syspath_prepend(scripts)
+    monkeypatch.setenv("FOX_AUTOTUNE", "0")
+    ka = importlib.import_module("kernel_ablation")
+    for name in ka.VARIANTS:
+        mod = ka.load_variant(name, str(tmp_path))
+        assert hasattr(mod, "_attn_bwd_dkdv_kernel"), name
+    with pytest.raises(SystemExit, match="pattern not found"):
+        monkeypatch.setitem(ka.VARIANTS, "stale", [("no such kernel line", "")])
+        ka.load_variant("stale", str(tmp_path))
