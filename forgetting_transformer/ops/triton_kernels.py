@@ -36,9 +36,10 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 @triton.jit
 def _block_prefix_kernel(LF, PK, PQ, H, Tk, off, TPAD, slb, slt, slh, CHUNK: tl.constexpr):
-    """Program (b*h, c), grid (B*H, TPAD / CHUNK): for the CHUNK = 128 positions of chunk c, the inclusive prefix sums of log f within aligned
-    blocks of 16, 32, 64 and 128, over key positions (PK[s, b*h, t]) and over query rows (PQ[s, b*h, r],
-    position off + r). Positions past Tk count as log f = 0 (so a block's last entry is its total)."""
+    """Program (b*h, c) of the grid (B*H, TPAD / CHUNK), CHUNK = 128: for the positions of chunk c, the inclusive
+    prefix sums of log f within aligned blocks of 16, 32, 64 and 128, over key positions (PK[s, b*h, t]) and
+    over query rows (PQ[s, b*h, r], position off + r). Positions past Tk count as log f = 0 (so a block's last
+    entry is its total)."""
     pid = tl.program_id(0)
     c = tl.program_id(1)
     b = pid // H
