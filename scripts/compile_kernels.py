@@ -1,0 +1,97 @@
+"""Compile the Forgetting Attention Triton kernels for a GPU architecture without a GPU (ahead of time).
+
+    python scripts/compile_kernels.py [--arch 90 80] [--quick]
+
+Each kernel is compiled through triton's full pipeline (TTIR, TTGIR, LLVM IR, PTX, ptxas) for the given compute
+capabilities, over the constexpr combinations that matter: dense / padding / ACP / documents, head dims 64, 80
+(padded) and 128, GQA, and the integer arguments triton turns into constants when they equal 1 (H = GROUP =
+HKV = 1), and checks each kernel's static shared memory against the architecture's per-block limit. Catches
+what the CPU interpreter cannot (the compiler's type errors, constant specialisation, ptxas failures, tiles
+too large for the part). ``--quick``: head dim 64 only (what CI runs, ~1 min; the full set takes ~3.5 min on
+2 cores). Must run with TRITON_INTERPRET unset (``tests/ops/test_kernel.py`` runs it in a subprocess). Exits 1
+and names the failing kernel and constants when one does not compile or does not fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+F32, BF16, I32 = "*fp32", "*bf16", "*i32"
+POINTERS = dict(
+    Q=BF16, K=BF16, V=BF16, O=BF16, DO=BF16, DQ=BF16, DK=BF16, DV=BF16, LF=F32, PK=F32, PQ=F32, LSE=F32,
+    DELTA=F32, DROW=F32, DCOL=F32, DLF=F32, KSTART=I32, KEND=I32, LO_BLK=I32, HI_BLK=I32,
+)
+
+
+SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes per block (opt-in maximum)
+
+
+def cases(quick=False):
+    """(kernel name, constexprs, num_warps, num_stages): the GPU configs' tiles at three head dims."""
+    out = []
+    for D, (fm, fn), (qm, qn), (km, kn), w in [(64, (128, 64), (64, 64), (64, 64), 4),
+                                               (128, (128, 128), (128, 64), (64, 128), 8),
+                                               (80, (64, 64), (64, 32), (32, 64), 4)][:1 if quick else 3]:
+        common = dict(HEAD_DIM=D, BLOCK_D=max(16, 1 << (D - 1).bit_length()), IEEE=False)
+        ones = dict(H=1, GROUP=1, HKV=1) if D == 64 else {}  # int arguments of 1 become constants
+        for flags in (dict(HAS_START=False, HAS_LO=False), dict(HAS_START=True, HAS_LO=True)):
+            out.append(("_attn_fwd_kernel", dict(common, BLOCK_M=fm, BLOCK_N=fn, **flags, **ones), w, 3))
+            out.append(("_attn_bwd_dq_kernel", dict(common, BLOCK_M=qm, BLOCK_N=qn, **flags, **ones), w, 3))
+        for flags in (dict(HAS_START=False, HAS_END=False, HAS_HI=False),
+                      dict(HAS_START=True, HAS_END=True, HAS_HI=True)):
+            group = 1 if ones else 2
+            out.append(("_attn_bwd_dkdv_kernel", dict(common, BLOCK_M=km, BLOCK_N=kn, GROUP=group, **flags,
+                                                      **{k: v for k, v in ones.items() if k != "GROUP"}), w, 3))
+    out += [("_block_prefix_kernel", dict(CHUNK=128, H=1), 4, 3), ("_dlogf_kernel", dict(CHUNK=1024), 4, 3)]
+    return out
+
+
+def compile_one(fn, consts, arch, num_warps, num_stages):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "sm_scale" else "i32")
+           for n in fn.arg_names}
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", type=int, nargs="+", default=[90, 80])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
+    from forgetting_transformer.ops import triton_kernels as tk
+
+    failed = 0
+    for arch in args.arch:
+        for name, consts, w, s in cases(args.quick):
+            if arch < 90 and consts.get("HEAD_DIM") == 80:
+                continue  # one head dim is enough to show the pre-Hopper path compiles
+            try:
+                shared = compile_one(getattr(tk, name), consts, arch, w, s).metadata.shared
+                if shared > SHARED_LIMIT.get(arch, SHARED_LIMIT[80]):
+                    raise RuntimeError(f"needs {shared} bytes of shared memory, sm{arch} allows "
+                                       f"{SHARED_LIMIT.get(arch, SHARED_LIMIT[80])}")
+                print(f"sm{arch} {name} {consts} ok ({shared} bytes shared)", flush=True)
+            except Exception as e:  # noqa: BLE001 (report every failure, then exit 1)
+                failed += 1
+                cause = e
+                while cause.__cause__ is not None:
+                    cause = cause.__cause__
+                print(f"sm{arch} {name} {consts} FAILED: {str(e)[-800:]} | {str(cause)[-400:]}", flush=True)
+    if failed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
