@@ -37,16 +37,16 @@ def cases(quick=False):
                                                (128, (128, 128), (128, 64), (64, 128), 8),
                                                (80, (64, 64), (64, 32), (32, 64), 4)][:1 if quick else 3]:
         common = dict(HEAD_DIM=D, BLOCK_D=max(16, 1 << (D - 1).bit_length()), IEEE=False)
-        ones = dict(H=1, GROUP=1, HKV=1) if D == 64 else {}  # int arguments of 1 become constants
+        ones = dict(H=1, GROUP=1, HKV=1) if D == 64 else {}  # int arguments of 1 become constants (D = 64 only)
         for flags in (dict(HAS_START=False, HAS_LO=False), dict(HAS_START=True, HAS_LO=True)):
             out.append(("_attn_fwd_kernel", dict(common, BLOCK_M=fm, BLOCK_N=fn, **flags, **ones), w, 3))
             out.append(("_attn_bwd_dq_kernel", dict(common, BLOCK_M=qm, BLOCK_N=qn, **flags, **ones), w, 3))
         for flags in (dict(HAS_START=False, HAS_END=False, HAS_HI=False),
                       dict(HAS_START=True, HAS_END=True, HAS_HI=True)):
-            group = 1 if ones else 2
-            out.append(("_attn_bwd_dkdv_kernel", dict(common, BLOCK_M=km, BLOCK_N=kn, GROUP=group, **flags,
-                                                      **{k: v for k, v in ones.items() if k != "GROUP"}), w, 3))
-    out += [("_block_prefix_kernel", dict(CHUNK=128, H=1), 4, 3), ("_dlogf_kernel", dict(CHUNK=1024), 4, 3)]
+            out.append(("_attn_bwd_dkdv_kernel", dict(common, BLOCK_M=km, BLOCK_N=kn, **flags,
+                                                      **(ones or dict(GROUP=2))), w, 3))  # GROUP: constexpr here
+    out += [("_block_prefix_kernel", dict(CHUNK=128, QUERY_SIDE=True, H=1), 4, 3),
+            ("_dlogf_kernel", dict(CHUNK=1024), 4, 3)]
     return out
 
 

@@ -234,18 +234,19 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _block_prefix(lf, Tq):
+def _block_prefix(lf, Tq, query_side=True):
     """(PK, PQ), each (4, B*H, TPAD) fp32: the prefix sums of log f within aligned blocks of 16 / 32 / 64 / 128
-    over key positions and over query rows, which the kernels' inner loops read instead of forming a
-    ``tl.cumsum`` per tile (one launch; ``_block_prefix_kernel``)."""
+    over key positions and (``query_side``; else PQ is None) over query rows, which the kernels' inner loops
+    read instead of forming a ``tl.cumsum`` per tile (one launch; ``_block_prefix_kernel``)."""
     B, Tk, H = lf.shape
     tpad = _cdiv(max(Tk, 1), 128) * 128
     pk = torch.empty((4, B * H, tpad), device=lf.device, dtype=torch.float32)
-    pq = torch.empty_like(pk)
+    pq = torch.empty_like(pk) if query_side else None
     from . import triton_kernels as tk
 
-    tk._block_prefix_kernel[(B * H, tpad // 128)](lf, pk, pq, H, Tk, Tk - Tq, tpad, lf.stride(0), lf.stride(1),
-                                                   lf.stride(2), CHUNK=128)
+    tk._block_prefix_kernel[(B * H, tpad // 128)](lf, pk, pk if pq is None else pq, H, Tk, Tk - Tq, *pk.stride()[:2],
+                                                   lf.stride(0), lf.stride(1), lf.stride(2), CHUNK=128,
+                                                   QUERY_SIDE=query_side)
     return pk, pq
 
 
@@ -261,7 +262,7 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     ks_strides = (kstart.stride(0), kstart.stride(1)) if has_start else (0, 0)
     block_d = max(16, _next_pow2(D))
     lo = lse if acp_tables is None else acp_tables[0]
-    pk, _ = _block_prefix(lf, Tq)
+    pk, _ = _block_prefix(lf, Tq, query_side=False)  # the dk/dv kernel's PQ is formed by the backward
     _launch(
         "fwd", lambda META: (B * H, _cdiv(Tq, META["BLOCK_M"])), (_next_pow2(Tk), H // Hkv, q.dtype),
         q, k, v, lf, pk, o, lse, ks, lo,
@@ -269,7 +270,7 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         o.stride(0), o.stride(1), o.stride(2), *ks_strides,
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, block_d, rows_only=True), pk.shape[2],
+        *_acp_args(acp_tables, block_d, rows_only=True), *pk.stride()[:2],
         HEAD_DIM=D, BLOCK_D=block_d, HAS_START=has_start, HAS_LO=acp_tables is not None,
         IEEE=q.dtype == torch.float32,
     )
@@ -319,7 +320,7 @@ def _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables=None):
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides,
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, common["BLOCK_D"], rows_only=True), pk.shape[2],
+        *_acp_args(acp_tables, common["BLOCK_D"], rows_only=True), *pk.stride()[:2],
         HAS_START=has_start, HAS_LO=acp_tables is not None, **common,
     )
     return dq, drow, delta
@@ -347,7 +348,7 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
         do.stride(0), do.stride(1), do.stride(2), *ks_strides, *ke_strides,
         dk.stride(0), dk.stride(1), dk.stride(2),
         H, Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
-        *_acp_args(acp_tables, common["BLOCK_D"]), pq.shape[2],
+        *_acp_args(acp_tables, common["BLOCK_D"]), *pq.stride()[:2],
         H // Hkv,
         HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, **common,
     )

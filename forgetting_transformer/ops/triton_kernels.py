@@ -5,9 +5,9 @@ Layouts (strides are passed, the last dim must be contiguous):
     LSE, DELTA: (B, H, Tq) float32 (LSE in log2 units)
     KSTART: (B, Tq) int32, first visible key position of each query row (left padding / documents)
     KEND:   (B, Tk) int32, last query position that may see each key (documents)
-    PK, PQ: (4, B*H, TPAD) float32, log f prefix sums within aligned blocks of 16 / 32 / 64 / 128 positions
-            (``_block_prefix_kernel``): PK over key positions (blocks at multiples of the size), PQ over query
-            rows (blocks at multiples of the size from row 0, i.e. key position ``off``)
+    PK, PQ: (4, B*H, TPAD) float32 (strides spp, spr, 1), log f prefix sums within aligned blocks of 16 / 32 /
+            64 / 128 positions (``_block_prefix_kernel``): PK over key positions (blocks at multiples of the
+            size), PQ over query rows (blocks at multiples of the size from row 0, i.e. key position ``off``)
 Queries are aligned to the end of the keys: query row r sits at absolute key position ``off + r``,
 ``off = Tk - Tq``.
 
@@ -35,34 +35,36 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _block_prefix_kernel(LF, PK, PQ, H, Tk, off, TPAD, slb, slt, slh, CHUNK: tl.constexpr):
-    """Program (b*h, c) of the grid (B*H, TPAD / CHUNK), CHUNK = 128: for the positions of chunk c, the inclusive
-    prefix sums of log f within aligned blocks of 16, 32, 64 and 128, over key positions (PK[s, b*h, t]) and
-    over query rows (PQ[s, b*h, r], position off + r). Positions past Tk count as log f = 0 (so a block's last
-    entry is its total)."""
-    pid = tl.program_id(0)
-    c = tl.program_id(1)
-    b = pid // H
-    h = pid % H
-    base = LF + b.to(tl.int64) * slb + h.to(tl.int64) * slh
-    i = c * CHUNK + tl.arange(0, CHUNK)
-    xk = tl.load(base + i * slt, mask=i < Tk, other=0.0)
-    xq = tl.load(base + (off + i) * slt, mask=off + i < Tk, other=0.0)
-    row = pid.to(tl.int64) * TPAD + i
-    plane = tl.num_programs(0).to(tl.int64) * TPAD  # (from the grid: an int argument of 1 is a constant)
-    tl.store(PK + row, tl.reshape(tl.cumsum(tl.reshape(xk, [CHUNK // 16, 16]), 1), [CHUNK]))
-    tl.store(PK + plane + row, tl.reshape(tl.cumsum(tl.reshape(xk, [CHUNK // 32, 32]), 1), [CHUNK]))
-    tl.store(PK + 2 * plane + row, tl.reshape(tl.cumsum(tl.reshape(xk, [CHUNK // 64, 64]), 1), [CHUNK]))
-    tl.store(PK + 3 * plane + row, tl.cumsum(xk, 0))
-    tl.store(PQ + row, tl.reshape(tl.cumsum(tl.reshape(xq, [CHUNK // 16, 16]), 1), [CHUNK]))
-    tl.store(PQ + plane + row, tl.reshape(tl.cumsum(tl.reshape(xq, [CHUNK // 32, 32]), 1), [CHUNK]))
-    tl.store(PQ + 2 * plane + row, tl.reshape(tl.cumsum(tl.reshape(xq, [CHUNK // 64, 64]), 1), [CHUNK]))
-    tl.store(PQ + 3 * plane + row, tl.cumsum(xq, 0))
+def _block_prefixes(x, P, row, spp, CHUNK: tl.constexpr):
+    """Store the inclusive prefix sums of ``x`` (CHUNK,) within aligned blocks of 16, 32, 64 and 128 in planes
+    0..3 of P (plane stride ``spp``) at ``row``."""
+    for s in tl.static_range(4):  # block size 16 << s
+        tl.store(P + s * spp + row,
+                 tl.reshape(tl.cumsum(tl.reshape(x, [CHUNK // (16 << s), 16 << s]), 1), [CHUNK]))
 
 
 @triton.jit
-def _prefix_plane(P, pid_bh, BH, TPAD, BLOCK: tl.constexpr):
-    """The row of PK / PQ (``_block_prefix_kernel``) for blocks of BLOCK positions, for one (b, h)."""
+def _block_prefix_kernel(LF, PK, PQ, H, Tk, off, spp, spr, slb, slt, slh, CHUNK: tl.constexpr,
+                         QUERY_SIDE: tl.constexpr):
+    """Program (b*h, c) of the grid (B*H, TPAD / CHUNK), CHUNK = 128: for the positions of chunk c, the inclusive
+    prefix sums of log f within aligned blocks of 16, 32, 64 and 128, over key positions (PK[s, b*h, t]) and,
+    with QUERY_SIDE, over query rows (PQ[s, b*h, r], position off + r). Positions past Tk count as log f = 0
+    (so a block's last entry is its total). ``spp`` / ``spr``: the plane / row strides of PK and PQ."""
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    base = LF + b.to(tl.int64) * slb + h.to(tl.int64) * slh
+    i = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    row = pid.to(tl.int64) * spr + i
+    _block_prefixes(tl.load(base + i * slt, mask=i < Tk, other=0.0), PK, row, spp, CHUNK)
+    if QUERY_SIDE:
+        _block_prefixes(tl.load(base + (off + i) * slt, mask=off + i < Tk, other=0.0), PQ, row, spp, CHUNK)
+
+
+@triton.jit
+def _prefix_plane(P, pid_bh, spp, spr, BLOCK: tl.constexpr):
+    """The row of PK / PQ (``_block_prefix_kernel``; plane / row strides spp / spr) for blocks of BLOCK
+    positions, for one (b, h)."""
     tl.static_assert(BLOCK == 16 or BLOCK == 32 or BLOCK == 64 or BLOCK == 128)
     if BLOCK == 16:
         plane = 0
@@ -72,7 +74,7 @@ def _prefix_plane(P, pid_bh, BH, TPAD, BLOCK: tl.constexpr):
         plane = 2
     else:
         plane = 3
-    return P + (plane * BH.to(tl.int64) + pid_bh) * TPAD  # BH: a tensor (from the grid)
+    return P + plane * spp.to(tl.int64) + pid_bh.to(tl.int64) * spr
 
 
 @triton.jit
@@ -172,7 +174,7 @@ def _attn_fwd_inner(
 def _attn_fwd_kernel(
     Q, K, V, LF, PK, O, LSE, KSTART, LO_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sob, sot, soh, ssb, sst,
-    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, TPAD,
+    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, spp, spr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -204,7 +206,7 @@ def _attn_fwd_kernel(
     cq = tl.cumsum(lf_q, 0)
     rq2 = (tl.sum(lf_q, 0) - cq) * 1.4426950408889634  # sum_{t=i+1}^{E-1} log f_t, log2 units
     qk_scale = sm_scale * 1.4426950408889634
-    PK_base = _prefix_plane(PK, pid_bh, tl.num_programs(0), TPAD, BLOCK_N)
+    PK_base = _prefix_plane(PK, pid_bh, spp, spr, BLOCK_N)
 
     kstart, lo_blk, n_top, n_masked, n_clean, n_smasked = _row_bounds(
         KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_NQ, ACP_GM, ACP_GN,
@@ -266,7 +268,7 @@ def _attn_bwd_dq_inner(
 def _attn_bwd_dq_kernel(
     Q, K, V, LF, PK, DO, O, LSE, DELTA, DQ, DROW, KSTART, LO_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst,
-    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, TPAD,
+    H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, spp, spr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -306,7 +308,7 @@ def _attn_bwd_dq_kernel(
     cq = tl.cumsum(lf_q, 0)
     rq2 = (tl.sum(lf_q, 0) - cq) * 1.4426950408889634
     qk_scale = sm_scale * 1.4426950408889634
-    PK_base = _prefix_plane(PK, pid_bh, tl.num_programs(0), TPAD, BLOCK_N)
+    PK_base = _prefix_plane(PK, pid_bh, spp, spr, BLOCK_N)
 
     kstart, lo_blk, n_top, n_masked, n_clean, n_smasked = _row_bounds(
         KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_NQ, ACP_GM, ACP_GN,
@@ -386,7 +388,7 @@ def _attn_bwd_dkdv_kernel(
     Q, K, V, LF, PQ, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst, seb, set,
     sdkb, sdkt, sdkh,
-    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, TPAD, GROUP: tl.constexpr,
+    H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, spp, spr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -434,7 +436,7 @@ def _attn_bwd_dkdv_kernel(
         DO_base = DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh
         bh = b * H + h
         LSE_base = LSE + bh.to(tl.int64) * Tq
-        PQ_base = _prefix_plane(PQ, bh, tl.num_programs(0) // HKV * H, TPAD, BLOCK_M)
+        PQ_base = _prefix_plane(PQ, bh, spp, spr, BLOCK_M)
         DELTA_base = DELTA + bh.to(tl.int64) * Tq
         KSTART_base = KSTART + b.to(tl.int64) * ssb
         lf_k = tl.load(LF_base + pos_k * slt, mask=k_ok, other=0.0)
