@@ -64,7 +64,7 @@ def compile_one(fn, consts, arch, num_warps, num_stages):
     sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "sm_scale" else "i32")
            for n in fn.arg_names}
     if consts.get("DQ_TMA"):
-        sig["DQ_DESC"] = f"tensordesc<fp32[1,{consts['BLOCK_D']},{consts['BLOCK_M']}]>"
+        sig["DQ_DESC"] = f"tensordesc<fp32[1,{consts['BLOCK_M']},{consts['BLOCK_D']}]>"
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages))

@@ -68,10 +68,10 @@ def _gpu_configs(kind):
 
 
 def _fit_dq_descriptor(nargs):
-    """The fused backward's dq TMA descriptor moves one (1, BLOCK_D, BLOCK_M) tile: fit it to the config."""
+    """The fused backward's dq TMA descriptor moves one (1, BLOCK_M, BLOCK_D) tile: fit it to the config."""
     desc = nargs["DQ_DESC"]
     if not isinstance(desc, torch.Tensor):  # a TensorDescriptor (else DQ_TMA is off and it is unused)
-        desc.block_shape = [1, nargs["BLOCK_D"], nargs["BLOCK_M"]]
+        desc.block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
 
 
 def _prune(kind):
@@ -313,8 +313,7 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
     else:  # no dq kernel: the dk/dv kernel adds dS K and the dS row sums into fp32 buffers
         block_d = max(16, _next_pow2(D))
         delta = _bwd_delta(o, do)
-        # dq^T per (b, h): (BLOCK_D, Tq) fp32, rows padded to 16 bytes (TMA strides)
-        dq_acc = torch.zeros((B * H, block_d, _cdiv(Tq, 4) * 4), device=q.device, dtype=torch.float32)
+        dq_acc = torch.zeros((B * H, Tq, block_d), device=q.device, dtype=torch.float32)
         drow_bht = torch.zeros((B, H, Tq), device=q.device, dtype=torch.float32)
         dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables,
                                  fused=(dq_acc, drow_bht))
@@ -338,13 +337,13 @@ def _bwd_delta(o, do):
 
 
 def _dq_finish(dq_acc, q, sm_scale):
-    """dq (q's shape and dtype, contiguous) = sm_scale * the fused backward's (B*H, BLOCK_D, Tq') fp32 sums."""
+    """dq (q's shape and dtype, contiguous) = sm_scale * the fused backward's (B*H, Tq, BLOCK_D) fp32 sums."""
     B, Tq, H, D = q.shape
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     from . import triton_kernels as tk
 
-    tk._dq_finish_kernel[(B * H, _cdiv(Tq, _ROWS))](dq_acc, dq, H, Tq, dq_acc.stride(1), *dq.stride()[:3],
-                                                    sm_scale, HEAD_DIM=D, BLOCK_D=dq_acc.shape[1], ROWS=_ROWS)
+    tk._dq_finish_kernel[(B * H, _cdiv(Tq, _ROWS))](dq_acc, dq, H, Tq, *dq.stride()[:3], sm_scale, HEAD_DIM=D,
+                                                    BLOCK_D=dq_acc.shape[2], ROWS=_ROWS)
     return dq
 
 
@@ -391,8 +390,8 @@ def _dq_tma(device) -> bool:
 
 
 def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables=None, fused=None):
-    """dk, dv and the column sums of dS; ``fused=(dq_acc (B*H, BLOCK_D, Tq'), drow (B, H, Tq))`` (fp32 zeros)
-    also adds the unscaled dq^T and the row sums of dS there."""
+    """dk, dv and the column sums of dS; ``fused=(dq_acc (B*H, Tq, BLOCK_D), drow (B, H, Tq))`` (fp32 zeros)
+    also adds the unscaled dq and the row sums of dS there."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     dk = torch.empty_like(k)
@@ -412,8 +411,8 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
     if dq_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        bd = dq_acc.shape[1]  # block_shape[2] is set to each config's BLOCK_M (_fit_dq_descriptor)
-        dq_desc = TensorDescriptor(dq_acc, [B * H, bd, Tq], list(dq_acc.stride()), [1, bd, 16])
+        bd = dq_acc.shape[2]  # block_shape[1] is set to each config's BLOCK_M (_fit_dq_descriptor)
+        dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), [Tq * bd, bd, 1], [1, 16, bd])
     _launch(
         "dkdv" if fused is None else "dkdvq", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])),
         (_next_pow2(Tk), H // Hkv, q.dtype),
@@ -421,7 +420,7 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides, *ke_strides,
-        dk.stride(0), dk.stride(1), dk.stride(2), dq_acc.stride(1) if fused is not None else 0,
+        dk.stride(0), dk.stride(1), dk.stride(2),
         H, Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
         *_acp_args(acp_tables, common["BLOCK_D"]), *pq.stride()[:2],
         H // Hkv,

@@ -343,8 +343,8 @@ def _attn_bwd_dq_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_inner(
-    dk, dv, colsum, acc_c, k, v, kT, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
-    KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sdqa, sqt, sdot, sst, m0, off, Tq, qk_scale, offs_m,
+    dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
+    KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sqt, sdot, sst, m0, off, Tq, qk_scale, offs_m,
     offs_d, ACP_GM, ACP_GN, CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, ACP_MASK: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr,
     FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
@@ -382,12 +382,11 @@ def _attn_bwd_dkdv_inner(
     dk += _dot(dsT.to(qT.dtype), tl.trans(qT), IEEE)
     colsum += tl.sum(dsT, 1)
     if FUSE_DQ:  # this tile's dS K (unscaled) and dS row sums are added to fp32 buffers (not deterministic)
-        # dq^T = K^T dS^T (BLOCK_D, BLOCK_M): dS^T is already the B operand's layout (no register transpose)
-        dqT = _dot(kT, dsT.to(kT.dtype), IEEE)  # columns past Tq are exactly 0
-        if DQ_TMA:  # one bulk TMA reduce-add per tile; the descriptor drops columns past Tq
-            DQ_DESC.atomic_add([bh, 0, m0 - off], dqT.reshape(1, BLOCK_D, BLOCK_M))
+        dq_t = _dot(tl.trans(dsT.to(k.dtype)), k, IEEE)  # (BLOCK_M, BLOCK_D); rows past Tq are exactly 0
+        if DQ_TMA:  # one bulk TMA reduce-add per tile; the descriptor drops rows past Tq
+            DQ_DESC.atomic_add([bh, m0 - off, 0], dq_t.reshape(1, BLOCK_M, BLOCK_D))
         else:  # element-wise atomics (the interpreter has no TMA; pre-Hopper GPUs)
-            tl.atomic_add(DQA_base + offs_d[:, None] * sdqa + rows[None, :], dqT, mask=row_ok[None, :],
+            tl.atomic_add(DQA_base + rows[:, None] * BLOCK_D + offs_d[None, :], dq_t, mask=row_ok[:, None],
                           sem="relaxed")
         tl.atomic_add(DROWA_base + rows, tl.sum(dsT, 0), mask=row_ok, sem="relaxed")
     return dk, dv, colsum, acc_c + tl.load(PQ_base + (m0 - off) + BLOCK_M - 1)
@@ -397,17 +396,16 @@ def _attn_bwd_dkdv_inner(
 def _attn_bwd_dkdv_kernel(
     Q, K, V, LF, PQ, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK, DQA, DQ_DESC, DROWA,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst, seb, set,
-    sdkb, sdkt, sdkh, sdqa,
+    sdkb, sdkt, sdkh,
     H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, spp, spr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
     FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
 ):
     # grid (B*Hkv, cdiv(Tk, BLOCK_N)); the first (heaviest) key blocks are scheduled first.
-    # FUSE_DQ (the non-deterministic backward; no dq kernel): also add each tile's unscaled (dS K)^T into DQA
-    # (B*H, BLOCK_D, Tq) fp32 with row stride sdqa -- through the TMA descriptor DQ_DESC (block
-    # [1, BLOCK_D, BLOCK_M]) if DQ_TMA, else by element atomics -- and the row sums of dS into DROWA (B, H, Tq)
-    # fp32; both start at zero.
+    # FUSE_DQ (the non-deterministic backward; no dq kernel): also add each tile's unscaled dS K into DQA
+    # (B*H, Tq, BLOCK_D) fp32 -- through the TMA descriptor DQ_DESC (block [1, BLOCK_M, BLOCK_D]) if DQ_TMA,
+    # else by element atomics -- and the row sums of dS into DROWA (B, H, Tq) fp32; both start at zero.
     pid_bhk = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = pid_bhk // HKV
@@ -427,9 +425,6 @@ def _attn_bwd_dkdv_kernel(
     V_base = V + b.to(tl.int64) * svb + hk.to(tl.int64) * svh
     k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kd_mask, other=0.0)
     v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kd_mask, other=0.0)
-    kT = k
-    if FUSE_DQ:
-        kT = tl.trans(k)  # (BLOCK_D, BLOCK_N), once per program
     qk_scale = sm_scale * 1.4426950408889634
 
     # query blocks (aligned at off + mb * BLOCK_M) that can see this key block
@@ -457,7 +452,7 @@ def _attn_bwd_dkdv_kernel(
         PQ_base = _prefix_plane(PQ, bh, spp, spr, BLOCK_M)
         DELTA_base = DELTA + bh.to(tl.int64) * Tq
         KSTART_base = KSTART + b.to(tl.int64) * ssb
-        DQA_base = DQA + bh.to(tl.int64) * BLOCK_D * sdqa
+        DQA_base = DQA + bh.to(tl.int64) * Tq * BLOCK_D
         DROWA_base = DROWA + bh.to(tl.int64) * Tq
         lf_k = tl.load(LF_base + pos_k * slt, mask=k_ok, other=0.0)
         ck2 = tl.cumsum(lf_k, 0) * 1.4426950408889634
@@ -485,21 +480,21 @@ def _attn_bwd_dkdv_kernel(
         mb_end = tl.maximum(tl.minimum(mb_acp, mb_hi + 1), mb_mid)
         for mb in range(mb_first, mb_mid):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
-                dk, dv, colsum, acc_c, k, v, kT, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sdqa, sqt, sdot, sst, off + mb * BLOCK_M, off,
+                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
+                KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sqt, sdot, sst, off + mb * BLOCK_M, off,
                 Tq, qk_scale, offs_m, offs_d,
                 ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, FUSE_DQ, DQ_TMA)
         for mb in range(mb_mid, mb_end):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
-                dk, dv, colsum, acc_c, k, v, kT, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sdqa, sqt, sdot, sst, off + mb * BLOCK_M, off,
+                dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
+                KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sqt, sdot, sst, off + mb * BLOCK_M, off,
                 Tq, qk_scale, offs_m, offs_d,
                 ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, FUSE_DQ, DQ_TMA)
         if HAS_HI:
             for mb in range(mb_end, mb_hi + 1):
                 dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
-                    dk, dv, colsum, acc_c, k, v, kT, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
-                    KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sdqa, sqt, sdot, sst, off + mb * BLOCK_M, off,
+                    dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
+                    KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sqt, sdot, sst, off + mb * BLOCK_M, off,
                 Tq, qk_scale, offs_m, offs_d,
                     ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, FUSE_DQ, DQ_TMA)
         # DCOL is (B, Tk, H) contiguous
@@ -532,17 +527,16 @@ def _bwd_delta_kernel(O, DO, DELTA, H, Tq, sob, sot, soh, sdob, sdot, sdoh, HEAD
 
 
 @triton.jit
-def _dq_finish_kernel(DQA, DQ, H, Tq, sdqa, sqb, sqt, sqh, sm_scale, HEAD_DIM: tl.constexpr,
-                      BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
-    """dq = sm_scale * DQA^T (DQA: (B*H, BLOCK_D, Tq) fp32, row stride sdqa), into q's layout and dtype;
-    grid (B*H, cdiv(Tq, ROWS))."""
+def _dq_finish_kernel(DQA, DQ, H, Tq, sqb, sqt, sqh, sm_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                      ROWS: tl.constexpr):
+    """dq = sm_scale * DQA (B*H, Tq, BLOCK_D) fp32, into q's layout and dtype; grid (B*H, cdiv(Tq, ROWS))."""
     pid_bh = tl.program_id(0)
     b = pid_bh // H
     h = pid_bh % H
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (rows[:, None] < Tq) & (offs_d[None, :] < HEAD_DIM)
-    acc = tl.load(DQA + (pid_bh.to(tl.int64) * BLOCK_D + offs_d[None, :]) * sdqa + rows[:, None], mask=mask)
+    acc = tl.load(DQA + (pid_bh.to(tl.int64) * Tq + rows[:, None]) * BLOCK_D + offs_d[None, :], mask=mask)
     tl.store(DQ + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rows[:, None] * sqt + offs_d[None, :],
              (acc * sm_scale).to(DQ.dtype.element_ty), mask=mask)
 
