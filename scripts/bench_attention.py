@@ -43,11 +43,11 @@ def make_inputs(B, T, H, D, dtype=torch.bfloat16, seed=0):
     return q, k, v, lf
 
 
-def method_ours(deterministic=True):
+def method_ours():
     from forgetting_transformer.ops import forgetting_attention
 
     def fn(q, k, v, lf):
-        return forgetting_attention(q, k, v, lf, deterministic=deterministic)
+        return forgetting_attention(q, k, v, lf)
 
     return fn
 
@@ -288,8 +288,6 @@ def main():
     ap.add_argument("--shapes", default="S1,S2,S3,S4")
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--non-deterministic", action="store_true",
-                    help="also time ours with deterministic=False (dq added by the dk/dv kernel; TMA on Hopper)")
     args = ap.parse_args()
     import triton
 
@@ -302,8 +300,6 @@ def main():
 
     methods = {"ours": method_ours, "sdpa_flash": lambda: method_sdpa("flash"),
                "sdpa_cudnn": lambda: method_sdpa("cudnn")}
-    if args.non_deterministic:
-        methods["ours_nondet"] = lambda: method_ours(deterministic=False)
     if not args.no_flex:
         methods["flex_fox"] = method_flex
     if not args.no_fla:
@@ -350,7 +346,7 @@ def main():
         "- bf16 q/k/v, fp32 log f, causal, median of `triton.testing.do_bench`; FLOPs: fwd = 4·B·H·T²·D/2, "
         "fwd+bwd = 3.5× fwd. `ratio` = SDPA-flash time / method time in the same run (>1 is faster than FA2 "
         "without a gate). SDPA flash / cuDNN compute no gate; flex_fox / fla_fox / ours compute FoX with gradients "
-        "to q, k, v and log f (ours_nondet: `deterministic=False`, dq added by the dk/dv kernel).",
+        "to q, k, v and log f.",
         "",
         "| shape (B,T,H,D) | method | fwd ms | fwd TFLOP/s | fwd ratio | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd ratio |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",

@@ -23,8 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 F32, BF16, I32 = "*fp32", "*bf16", "*i32"
 POINTERS = dict(
     Q=BF16, K=BF16, V=BF16, O=BF16, DO=BF16, DQ=BF16, DK=BF16, DV=BF16, LF=F32, PK=F32, PQ=F32, LSE=F32,
-    DELTA=F32, DROW=F32, DCOL=F32, DLF=F32, KSTART=I32, KEND=I32, LO_BLK=I32, HI_BLK=I32, DQA=F32, DROWA=F32,
-    DQ_DESC=F32,  # a TMA descriptor when DQ_TMA (see compile_one)
+    DELTA=F32, DROW=F32, DCOL=F32, DLF=F32, KSTART=I32, KEND=I32, LO_BLK=I32, HI_BLK=I32,
 )
 
 
@@ -44,14 +43,10 @@ def cases(quick=False):
             out.append(("_attn_bwd_dq_kernel", dict(common, BLOCK_M=qm, BLOCK_N=qn, **flags, **ones), w, 3))
         for flags in (dict(HAS_START=False, HAS_END=False, HAS_HI=False),
                       dict(HAS_START=True, HAS_END=True, HAS_HI=True)):
-            for fused in (dict(FUSE_DQ=False, DQ_TMA=False), dict(FUSE_DQ=True, DQ_TMA=None)):  # None: TMA on sm90
-                bm = km if not fused["FUSE_DQ"] or D <= 64 else 32  # the fused kernel's heuristic tiles
-                out.append(("_attn_bwd_dkdv_kernel", dict(common, BLOCK_M=bm, BLOCK_N=kn, **flags, **fused,
-                                                          **(ones or dict(GROUP=2))), w, 3))  # GROUP: constexpr
+            out.append(("_attn_bwd_dkdv_kernel", dict(common, BLOCK_M=km, BLOCK_N=kn, **flags,
+                                                      **(ones or dict(GROUP=2))), w, 3))  # GROUP: constexpr here
     out += [("_block_prefix_kernel", dict(CHUNK=128, QUERY_SIDE=True, H=1), 4, 3),
-            ("_dlogf_kernel", dict(CHUNK=1024), 4, 3),
-            ("_bwd_delta_kernel", dict(HEAD_DIM=80, BLOCK_D=128, ROWS=64), 4, 3),
-            ("_dq_finish_kernel", dict(HEAD_DIM=80, BLOCK_D=128, ROWS=64), 4, 3)]
+            ("_dlogf_kernel", dict(CHUNK=1024), 4, 3)]
     return out
 
 
@@ -63,8 +58,6 @@ def compile_one(fn, consts, arch, num_warps, num_stages):
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "sm_scale" else "i32")
            for n in fn.arg_names}
-    if consts.get("DQ_TMA"):
-        sig["DQ_DESC"] = f"tensordesc<fp32[1,{consts['BLOCK_M']},{consts['BLOCK_D']}]>"
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -84,8 +77,6 @@ def main():
         for name, consts, w, s in cases(args.quick):
             if arch < 90 and consts.get("HEAD_DIM") == 80:
                 continue  # one head dim is enough to show the pre-Hopper path compiles
-            if consts.get("DQ_TMA", False) is None:
-                consts = dict(consts, DQ_TMA=arch >= 90)  # the fused backward uses TMA reduce-adds on Hopper
             try:
                 shared = compile_one(getattr(tk, name), consts, arch, w, s).metadata.shared
                 if shared > SHARED_LIMIT.get(arch, SHARED_LIMIT[80]):

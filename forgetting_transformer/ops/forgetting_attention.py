@@ -44,7 +44,6 @@ _INTERPRET_CONFIGS = {
     "fwd": dict(BLOCK_M=32, BLOCK_N=16),
     "dq": dict(BLOCK_M=16, BLOCK_N=32),
     "dkdv": dict(BLOCK_M=16, BLOCK_N=32),
-    "dkdvq": dict(BLOCK_M=16, BLOCK_N=32),
 }
 
 _KERNELS = {}
@@ -59,19 +58,9 @@ def _gpu_configs(kind):
         raw = [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 4)]
     elif kind == "dq":
         raw = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 4), (128, 32, 4, 3), (64, 32, 4, 2)]
-    elif kind == "dkdv":  # BLOCK_M = queries per step, BLOCK_N = keys per program
+    else:  # dkdv: BLOCK_M = queries per step, BLOCK_N = keys per program
         raw = [(64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 2)]
-    else:  # dkdvq: the dk/dv kernel with dq fused in (a (BLOCK_M, D) dq tile per step: smaller BLOCK_M too)
-        raw = [(64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 2)]
-    hook = _fit_dq_descriptor if kind == "dkdvq" else None
-    return [C(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s, pre_hook=hook) for m, n, w, s in raw]
-
-
-def _fit_dq_descriptor(nargs):
-    """The fused backward's dq TMA descriptor moves one (1, BLOCK_M, BLOCK_D) tile: fit it to the config."""
-    desc = nargs["DQ_DESC"]
-    if not isinstance(desc, torch.Tensor):  # a TensorDescriptor (else DQ_TMA is off and it is unused)
-        desc.block_shape = [1, nargs["BLOCK_M"], nargs["BLOCK_D"]]
+    return [C(dict(BLOCK_M=m, BLOCK_N=n), num_warps=w, num_stages=s) for m, n, w, s in raw]
 
 
 def _prune(kind):
@@ -82,7 +71,7 @@ def _prune(kind):
             m, n = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
             if D >= 256 and (m * n > 64 * 64 or c.num_stages > 2):
                 continue
-            if D >= 128 and kind in ("dkdv", "dkdvq") and m * n > 64 * 128:
+            if D >= 128 and kind == "dkdv" and m * n > 64 * 128:
                 continue
             out.append(c)
         return out or configs[-1:]
@@ -101,10 +90,8 @@ def _heuristic_config(kind, head_dim):
         m, n, w, s = (128, 64, 4, 3) if head_dim <= 64 else (128, 128, 8, 3) if head_dim <= 128 else (64, 64, 4, 2)
     elif kind == "dq":
         m, n, w, s = (64, 64, 4, 3) if head_dim <= 64 else (128, 64, 8, 3) if head_dim <= 128 else (64, 32, 4, 2)
-    elif kind == "dkdv":
-        m, n, w, s = (64, 64, 4, 3) if head_dim <= 64 else (64, 128, 8, 3) if head_dim <= 128 else (32, 64, 4, 2)
     else:
-        m, n, w, s = (64, 64, 4, 3) if head_dim <= 64 else (32, 128, 8, 2) if head_dim <= 128 else (32, 64, 4, 2)
+        m, n, w, s = (64, 64, 4, 3) if head_dim <= 64 else (64, 128, 8, 3) if head_dim <= 128 else (32, 64, 4, 2)
     return dict(BLOCK_M=m, BLOCK_N=n), w, s
 
 
@@ -116,13 +103,10 @@ def _kernel(kind):
         if _autotune_enabled():
             import triton
 
-            dkdv = kind in ("dkdv", "dkdvq")
             fn = triton.autotune(
                 configs=_gpu_configs(kind),
-                key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE", "HAS_HI" if dkdv else "HAS_LO"],
+                key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE", "HAS_HI" if kind == "dkdv" else "HAS_LO"],
                 prune_configs_by={"early_config_prune": _prune(kind)},
-                # the fused backward accumulates into DQA / DROWA: every timed run starts from zeros
-                reset_to_zero=["DQA", "DROWA"] if kind == "dkdvq" else None,
             )(fn)
         _KERNELS[key] = fn
     return _KERNELS[key]
@@ -135,9 +119,7 @@ _FORCE_CONFIGS = {}
 def _raw_kernel(kind):
     from . import triton_kernels as tk
 
-    # "dkdvq": the dk/dv kernel with dq fused in (FUSE_DQ), autotuned on its own
-    return {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel,
-            "dkdvq": tk._attn_bwd_dkdv_kernel}[kind]
+    return {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
 
 
 def _fixed_config(kind, block_d):
@@ -227,8 +209,6 @@ def _launch(kind, grid_fn, tune_key, *args, **meta):
     saves the autotuner's per-call Python (~45 us of host time per launch on the H200 machines)."""
     if _interpreting() or kind in _FORCE_CONFIGS or not _autotune_enabled():
         cfg, w, s = _fixed_config(kind, meta["BLOCK_D"])
-        if kind == "dkdvq":
-            _fit_dq_descriptor({**dict(zip(_raw_kernel(kind).arg_names, args)), **meta, **cfg})
         _raw_kernel(kind)[grid_fn(cfg)](*args, **meta, **cfg, num_warps=w, num_stages=s)
         return
     key = (kind, tune_key, tuple(sorted(meta.items())))
@@ -238,8 +218,6 @@ def _launch(kind, grid_fn, tune_key, *args, **meta):
         tuned[grid_fn](*args, **meta)
         _TUNED[key] = tuned.best_config
     else:
-        if best.pre_hook is not None:
-            best.pre_hook({**dict(zip(_raw_kernel(kind).arg_names, args)), **meta, **best.kwargs})
         _raw_kernel(kind)[grid_fn(best.kwargs)](*args, **meta, **best.all_kwargs())
 
 
@@ -299,63 +277,27 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     return o, lse
 
 
-def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None, deterministic=True):
+def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     if Tq == 0:
         return torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(lf)
     do = do.contiguous()
     o = o.contiguous()
     pk, pq = _block_prefix(lf, Tq)
-    if deterministic:
-        # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
-        dq, drow, delta = _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables)
-        dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables)
-    else:  # no dq kernel: the dk/dv kernel adds dS K and the dS row sums into fp32 buffers
-        block_d = max(16, _next_pow2(D))
-        delta = _bwd_delta(o, do)
-        dq_acc = torch.zeros((B * H, Tq, block_d), device=q.device, dtype=torch.float32)
-        drow_bht = torch.zeros((B, H, Tq), device=q.device, dtype=torch.float32)
-        dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables,
-                                 fused=(dq_acc, drow_bht))
-        dq = _dq_finish(dq_acc, q, sm_scale)
-        drow = drow_bht.transpose(1, 2)  # (B, Tq, H) view
+    # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
+    dq, drow, delta = _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables)
+    dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables)
     return dq, dk, dv, _bwd_dlogf(drow, dcol)
 
 
-_ROWS = 64  # rows per program of the small row-wise kernels (delta, dq finish)
-
-
-def _bwd_delta(o, do):
-    """delta = rowsum(o * do), (B, H, Tq) fp32 (the deterministic path's dq kernel forms it itself)."""
-    B, Tq, H, D = o.shape
-    delta = torch.empty((B, H, Tq), device=o.device, dtype=torch.float32)
-    from . import triton_kernels as tk
-
-    tk._bwd_delta_kernel[(B * H, _cdiv(Tq, _ROWS))](o, do, delta, H, Tq, *o.stride()[:3], *do.stride()[:3],
-                                                    HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=_ROWS)
-    return delta
-
-
-def _dq_finish(dq_acc, q, sm_scale):
-    """dq (q's shape and dtype, contiguous) = sm_scale * the fused backward's (B*H, Tq, BLOCK_D) fp32 sums."""
-    B, Tq, H, D = q.shape
-    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    from . import triton_kernels as tk
-
-    tk._dq_finish_kernel[(B * H, _cdiv(Tq, _ROWS))](dq_acc, dq, H, Tq, *dq.stride()[:3], sm_scale, HEAD_DIM=D,
-                                                    BLOCK_D=dq_acc.shape[2], ROWS=_ROWS)
-    return dq
-
-
 def _bwd_dlogf(drow, dcol):
-    """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc.
-    drow (B, Tq, H), any strides; dcol (B, Tk, H) contiguous."""
+    """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc."""
     B, Tq, H = drow.shape
     Tk = dcol.shape[1]
     dlf = torch.empty_like(dcol)
     from . import triton_kernels as tk
 
-    tk._dlogf_kernel[(B * H,)](drow, dcol, dlf, H, Tq, Tk, *drow.stride(), CHUNK=64 if _interpreting() else 1024)
+    tk._dlogf_kernel[(B * H,)](drow, dcol, dlf, H, Tq, Tk, CHUNK=64 if _interpreting() else 1024)
     return dlf
 
 
@@ -384,14 +326,7 @@ def _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables=None):
     return dq, drow, delta
 
 
-def _dq_tma(device) -> bool:
-    """The fused backward adds dq tiles with TMA reduce-adds on Hopper and newer (element atomics before)."""
-    return not _interpreting() and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables=None, fused=None):
-    """dk, dv and the column sums of dS; ``fused=(dq_acc (B*H, Tq, BLOCK_D), drow (B, H, Tq))`` (fp32 zeros)
-    also adds the unscaled dq and the row sums of dS there."""
+def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     dk = torch.empty_like(k)
@@ -405,18 +340,9 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
     ke_strides = (kend.stride(0), kend.stride(1)) if has_end else (0, 0)
     common = dict(HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), IEEE=q.dtype == torch.float32)
     lo, hi = (lse, lse) if acp_tables is None else acp_tables
-    dq_acc, drow = (lse, lse) if fused is None else fused  # dummy pointers when not fused
-    dq_tma = fused is not None and _dq_tma(q.device)
-    dq_desc = dq_acc
-    if dq_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        bd = dq_acc.shape[2]  # block_shape[1] is set to each config's BLOCK_M (_fit_dq_descriptor)
-        dq_desc = TensorDescriptor(dq_acc, list(dq_acc.shape), [Tq * bd, bd, 1], [1, 16, bd])
     _launch(
-        "dkdv" if fused is None else "dkdvq", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])),
-        (_next_pow2(Tk), H // Hkv, q.dtype),
-        q, k, v, lf, pq, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi, dq_acc, dq_desc, drow,
+        "dkdv", lambda META: (B * Hkv, _cdiv(Tk, META["BLOCK_N"])), (_next_pow2(Tk), H // Hkv, q.dtype),
+        q, k, v, lf, pq, do, lse, delta, dk, dv, dcol, ks, ke, lo, hi,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), lf.stride(0), lf.stride(1), lf.stride(2),
         do.stride(0), do.stride(1), do.stride(2), *ks_strides, *ke_strides,
@@ -424,8 +350,7 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
         H, Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
         *_acp_args(acp_tables, common["BLOCK_D"]), *pq.stride()[:2],
         H // Hkv,
-        HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, FUSE_DQ=fused is not None,
-        DQ_TMA=dq_tma, **common,
+        HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, **common,
     )
     return dk, dv, dcol
 
@@ -438,27 +363,26 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
 # call, which is more than the kernels take at small shapes (docs/kernel.md, "Host-side cost").
 
 
-def _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic=True):
-    # deterministic is the backward's choice; it is an input of the forward so that the autograd context has it
+def _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
     return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, None if acp_lo is None else (acp_lo, acp_hi))
 
 
-def _bwd_impl(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic=True):
+def _bwd_impl(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi):
     return _bwd_launch(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale,
-                       None if acp_lo is None else (acp_lo, acp_hi), deterministic)
+                       None if acp_lo is None else (acp_lo, acp_hi))
 
 
 @torch.library.custom_op("forgetting_transformer::fox_fwd", mutates_args=())
 def _fox_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_fgate: torch.Tensor,
     kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor], sm_scale: float,
-    acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor], deterministic: bool,
+    acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic)
+    return _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi)
 
 
 @_fox_fwd.register_fake
-def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic):
+def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
     B, Tq, H, _ = q.shape
     return torch.empty_like(q), q.new_empty((B, H, Tq), dtype=torch.float32)
 
@@ -467,13 +391,13 @@ def _(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic)
 def _fox_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_fgate: torch.Tensor,
     o: torch.Tensor, lse: torch.Tensor, kstart: Optional[torch.Tensor], kend: Optional[torch.Tensor],
-    sm_scale: float, acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor], deterministic: bool,
+    sm_scale: float, acp_lo: Optional[torch.Tensor], acp_hi: Optional[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _bwd_impl(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic)
+    return _bwd_impl(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi)
 
 
 @_fox_bwd.register_fake
-def _(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic):
+def _(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(log_fgate)
 
 
@@ -496,18 +420,16 @@ def _(q, k, log_fgate, sm_scale, mode, delta, thr_value, gamma_q, gamma_k, log_e
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, deterministic = inputs
+    q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi)
     ctx.sm_scale = sm_scale
-    ctx.deterministic = deterministic
 
 
 def _backward(ctx, do, dlse, bwd=_fox_bwd):
     q, k, v, log_fgate, o, lse, kstart, kend, acp_lo, acp_hi = ctx.saved_tensors
-    dq, dk, dv, dlf = bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, acp_lo, acp_hi,
-                          ctx.deterministic)
-    return dq, dk, dv, dlf, None, None, None, None, None, None
+    dq, dk, dv, dlf = bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, ctx.sm_scale, acp_lo, acp_hi)
+    return dq, dk, dv, dlf, None, None, None, None, None
 
 
 _fox_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -594,7 +516,7 @@ def _acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_n
 
 def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlens=None, seq_start=None,
                                  adaptive_threshold=None, return_stats=False, acp_eps=_acp.DEFAULT_EPS,
-                                 qk_norm_weights=None, deterministic=True):
+                                 qk_norm_weights=None):
     """The Triton path, on any device (CPU needs ``TRITON_INTERPRET=1`` before triton is imported)."""
     check_inputs(q, k, v, log_fgate, cu_seqlens, seq_start)
     _check_kernel_inputs(q, k, v, log_fgate)
@@ -613,7 +535,7 @@ def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlen
     if adaptive_threshold is not None:
         tables = _acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_norm_weights)[:2]
     fwd = _FoxEager.apply if _eager(q, k, v, log_fgate) else _fox_fwd
-    o, _ = fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables, bool(deterministic))
+    o, _ = fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
     if return_stats:
         cfg = _fixed_config("fwd", block_d)[0]
         lo = None
@@ -638,7 +560,6 @@ def forgetting_attention(
     backend: str | None = None,
     acp_eps: float = _acp.DEFAULT_EPS,
     qk_norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
-    deterministic: bool = True,
 ) -> torch.Tensor:
     """Causal softmax attention with a forget gate: ``o_i = sum_j softmax_j(q_i.k_j*s + c_i - c_j) v_j``.
 
@@ -660,10 +581,6 @@ def forgetting_attention(
             tiles; the reference counts tiles of the ACP grid).
         acp_eps: ACP's bound on the pruned attention weight per row (default ``e^-10``).
         qk_norm_weights: ``(gamma_q, gamma_k)`` QK-RMSNorm weights (``(D,)`` or ``(H, D)``) for ``"auto"``.
-        deterministic: ``True`` (default): bitwise reproducible backward (a dq kernel and a dk/dv kernel).
-            ``False`` (kernel only): no dq kernel; the dk/dv kernel adds each tile's dq and dS row sums into
-            fp32 buffers (TMA reduce-adds on Hopper and newer, element atomics before), so gradients vary from
-            run to run at fp32 rounding. The reference is deterministic either way.
         backend: ``None`` (default: CUDA bf16/fp16 tensors -> Triton kernel; CPU, or fp32 on CUDA -> PyTorch
             reference), ``"triton"`` or ``"reference"``.
     Returns:
@@ -678,7 +595,7 @@ def forgetting_attention(
         return _forgetting_attention_triton(
             q, k, v, log_fgate, sm_scale=sm_scale, cu_seqlens=cu_seqlens, seq_start=seq_start,
             adaptive_threshold=adaptive_threshold, return_stats=return_stats, acp_eps=acp_eps,
-            qk_norm_weights=qk_norm_weights, deterministic=deterministic,
+            qk_norm_weights=qk_norm_weights,
         )
     if backend != "reference":
         raise ValueError(f"backend must be None, 'triton' or 'reference'; got {backend!r}")

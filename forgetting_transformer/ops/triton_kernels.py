@@ -344,10 +344,9 @@ def _attn_bwd_dq_kernel(
 @triton.jit
 def _attn_bwd_dkdv_inner(
     dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
-    KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sqt, sdot, sst, m0, off, Tq, qk_scale, offs_m,
-    offs_d, ACP_GM, ACP_GN, CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, ACP_MASK: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr,
-    FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
+    KSTART_base, LO_base, sqt, sdot, sst, m0, off, Tq, qk_scale, offs_m, offs_d, ACP_GM, ACP_GN,
+    CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, ACP_MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr,
 ):
     # Transposed formulation (keys on rows): S^T = K Q^T, so P^T / dS^T feed the dv / dk products directly.
     rows = m0 - off + offs_m
@@ -381,31 +380,19 @@ def _attn_bwd_dkdv_inner(
     dsT = pT * (dpT - delta[None, :])
     dk += _dot(dsT.to(qT.dtype), tl.trans(qT), IEEE)
     colsum += tl.sum(dsT, 1)
-    if FUSE_DQ:  # this tile's dS K (unscaled) and dS row sums are added to fp32 buffers (not deterministic)
-        dq_t = _dot(tl.trans(dsT.to(k.dtype)), k, IEEE)  # (BLOCK_M, BLOCK_D); rows past Tq are exactly 0
-        if DQ_TMA:  # one bulk TMA reduce-add per tile; the descriptor drops rows past Tq
-            DQ_DESC.atomic_add([bh, m0 - off, 0], dq_t.reshape(1, BLOCK_M, BLOCK_D))
-        else:  # element-wise atomics (the interpreter has no TMA; pre-Hopper GPUs)
-            tl.atomic_add(DQA_base + rows[:, None] * BLOCK_D + offs_d[None, :], dq_t, mask=row_ok[:, None],
-                          sem="relaxed")
-        tl.atomic_add(DROWA_base + rows, tl.sum(dsT, 0), mask=row_ok, sem="relaxed")
     return dk, dv, colsum, acc_c + tl.load(PQ_base + (m0 - off) + BLOCK_M - 1)
 
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, LF, PQ, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK, DQA, DQ_DESC, DROWA,
+    Q, K, V, LF, PQ, DO, LSE, DELTA, DK, DV, DCOL, KSTART, KEND, LO_BLK, HI_BLK,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst, seb, set,
     sdkb, sdkt, sdkh,
     H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, spp, spr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
-    FUSE_DQ: tl.constexpr, DQ_TMA: tl.constexpr,
 ):
-    # grid (B*Hkv, cdiv(Tk, BLOCK_N)); the first (heaviest) key blocks are scheduled first.
-    # FUSE_DQ (the non-deterministic backward; no dq kernel): also add each tile's unscaled dS K into DQA
-    # (B*H, Tq, BLOCK_D) fp32 -- through the TMA descriptor DQ_DESC (block [1, BLOCK_M, BLOCK_D]) if DQ_TMA,
-    # else by element atomics -- and the row sums of dS into DROWA (B, H, Tq) fp32; both start at zero.
+    # grid (B*Hkv, cdiv(Tk, BLOCK_N)); the first (heaviest) key blocks are scheduled first
     pid_bhk = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = pid_bhk // HKV
@@ -452,8 +439,6 @@ def _attn_bwd_dkdv_kernel(
         PQ_base = _prefix_plane(PQ, bh, spp, spr, BLOCK_M)
         DELTA_base = DELTA + bh.to(tl.int64) * Tq
         KSTART_base = KSTART + b.to(tl.int64) * ssb
-        DQA_base = DQA + bh.to(tl.int64) * Tq * BLOCK_D
-        DROWA_base = DROWA + bh.to(tl.int64) * Tq
         lf_k = tl.load(LF_base + pos_k * slt, mask=k_ok, other=0.0)
         ck2 = tl.cumsum(lf_k, 0) * 1.4426950408889634
         mb_hi = mb_last
@@ -481,22 +466,19 @@ def _attn_bwd_dkdv_kernel(
         for mb in range(mb_first, mb_mid):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sqt, sdot, sst, off + mb * BLOCK_M, off,
-                Tq, qk_scale, offs_m, offs_d,
-                ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, FUSE_DQ, DQ_TMA)
+                KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         for mb in range(mb_mid, mb_end):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
-                KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sqt, sdot, sst, off + mb * BLOCK_M, off,
-                Tq, qk_scale, offs_m, offs_d,
-                ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, FUSE_DQ, DQ_TMA)
+                KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         if HAS_HI:
             for mb in range(mb_end, mb_hi + 1):
                 dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                     dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
-                    KSTART_base, LO_base, DQA_base, DQ_DESC, DROWA_base, bh, sqt, sdot, sst, off + mb * BLOCK_M, off,
-                Tq, qk_scale, offs_m, offs_d,
-                    ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, FUSE_DQ, DQ_TMA)
+                    KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
+                    ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         # DCOL is (B, Tk, H) contiguous
         tl.store(DCOL + (b.to(tl.int64) * Tk + pos_k) * H + h, colsum, mask=k_ok)
 
@@ -508,44 +490,9 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, H, Tq, sob, sot, soh, sdob, sdot, sdoh, HEAD_DIM: tl.constexpr,
-                      BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
-    """delta = rowsum(o * do) into DELTA (B*H, Tq) fp32 (the deterministic backward's dq kernel forms it
-    itself); grid (B*H, cdiv(Tq, ROWS))."""
-    pid_bh = tl.program_id(0)
-    b = pid_bh // H
-    h = pid_bh % H
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < Tq) & (offs_d[None, :] < HEAD_DIM)
-    o = tl.load(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None] * sot + offs_d[None, :],
-                mask=mask, other=0.0)
-    do = tl.load(DO + b.to(tl.int64) * sdob + h.to(tl.int64) * sdoh + rows[:, None] * sdot + offs_d[None, :],
-                 mask=mask, other=0.0)
-    tl.store(DELTA + pid_bh.to(tl.int64) * Tq + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1),
-             mask=rows < Tq)
-
-
-@triton.jit
-def _dq_finish_kernel(DQA, DQ, H, Tq, sqb, sqt, sqh, sm_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                      ROWS: tl.constexpr):
-    """dq = sm_scale * DQA (B*H, Tq, BLOCK_D) fp32, into q's layout and dtype; grid (B*H, cdiv(Tq, ROWS))."""
-    pid_bh = tl.program_id(0)
-    b = pid_bh // H
-    h = pid_bh % H
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask = (rows[:, None] < Tq) & (offs_d[None, :] < HEAD_DIM)
-    acc = tl.load(DQA + (pid_bh.to(tl.int64) * Tq + rows[:, None]) * BLOCK_D + offs_d[None, :], mask=mask)
-    tl.store(DQ + b.to(tl.int64) * sqb + h.to(tl.int64) * sqh + rows[:, None] * sqt + offs_d[None, :],
-             (acc * sm_scale).to(DQ.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, srb, srt, srh, CHUNK: tl.constexpr):
+def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, CHUNK: tl.constexpr):
     """d log f_t = sum_{i >= t} (drow_i - dcol_i): reverse cumulative sum, chunk-local ``tl.cumsum`` plus a
-    float64 carry. DROW (B, Tq, H) with strides (srb, srt, srh), DCOL / DLF (B, Tk, H) contiguous; one
-    program per (b, h)."""
+    float64 carry. DROW (B, Tq, H), DCOL / DLF (B, Tk, H), contiguous; one program per (b, h)."""
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
@@ -556,7 +503,7 @@ def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, srb, srt, srh, CHUNK: tl.constexpr
         t = Tk - 1 - c * CHUNK - offs  # descending positions
         ok = t >= 0
         dc = -tl.load(DCOL + (b.to(tl.int64) * Tk + t) * H + h, mask=ok, other=0.0)
-        dc += tl.load(DROW + b.to(tl.int64) * srb + (t - off) * srt + h * srh, mask=ok & (t >= off), other=0.0)
+        dc += tl.load(DROW + (b.to(tl.int64) * Tq + (t - off)) * H + h, mask=ok & (t >= off), other=0.0)
         out = tl.cumsum(dc, 0).to(tl.float64) + carry
         tl.store(DLF + (b.to(tl.int64) * Tk + t) * H + h, out.to(tl.float32), mask=ok)
         carry += tl.sum(dc.to(tl.float64), 0)
