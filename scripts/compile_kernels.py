@@ -1,7 +1,6 @@
 """Compile the Forgetting Attention Triton kernels for a GPU architecture without a GPU (ahead of time).
 
     python scripts/compile_kernels.py [--arch 90 80] [--quick]
-    python scripts/compile_kernels.py --probe-ws --arch 90 100   (does triton's warp_specialize compile there?)
 
 Each kernel is compiled through triton's full pipeline (TTIR, TTGIR, LLVM IR, PTX, ptxas) for the given compute
 capabilities, over the constexpr combinations that matter: dense / padding / ACP / documents, head dims 64, 80
@@ -64,48 +63,13 @@ def compile_one(fn, consts, arch, num_warps, num_stages):
                           options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def probe_warp_specialize(arch):
-    """Whether this triton compiles ``tl.range(..., warp_specialize=True)`` for ``arch``: a TMA-descriptor
-    matmul loop, the simplest case (triton 3.7.1: sm100 yes, sm90 no -- docs/kernel.md). Returns an error or
-    None."""
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    @triton.jit
-    def _ws_matmul(A, B, C, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        acc = tl.zeros((BM, BN), tl.float32)
-        for k in tl.range(0, K, BK, warp_specialize=True):
-            acc = tl.dot(A.load([0, k]), B.load([k, 0]), acc)
-        tl.store(C + tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :], acc)
-
-    sig = {"A": "tensordesc<bf16[128,64]>", "B": "tensordesc<bf16[64,128]>", "C": "*fp32", "K": "i32",
-           "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
-    try:
-        triton.compile(ASTSource(_ws_matmul, sig, constexprs={(4,): 128, (5,): 128, (6,): 64}),
-                       target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, num_stages=3))
-    except Exception as e:  # noqa: BLE001 (reported, not raised: this is a probe)
-        return f"{type(e).__name__}: {str(e)[-200:]}"
-    return None
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, nargs="+", default=[90, 80])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--probe-ws", action="store_true",
-                    help="only report whether triton's warp_specialize compiles for each --arch, then exit")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
-    if args.probe_ws:
-        import triton
-
-        for arch in args.arch:
-            err = probe_warp_specialize(arch)
-            print(f"triton {triton.__version__} sm{arch} warp_specialize: {'compiles' if err is None else err}")
-        return
     from forgetting_transformer.ops import triton_kernels as tk
 
     failed = 0
