@@ -418,6 +418,25 @@ def test_kernel_ablation_variants_apply(monkeypatch, tmp_path):
         ka.load_variant("stale", str(tmp_path))
 
 
+def test_hopper_probe_tma_forward_matches_reference(monkeypatch):
+    """scripts/hopper_probe.py's forward with TMA-descriptor K/V loads (a diagnostic timed against the op on
+    the GPU) computes the op's forward: float64 reference, two batch elements, T not a multiple of the tiles."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
+    hp = importlib.import_module("hopper_probe")
+    B, T, H, D, bm, bn = 2, 100, 2, 16, 32, 16
+    q, k, v, lf = make(B, T, T, H, H, D, seed=11)
+    ref = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+    pk, _ = fa._block_prefix(lf, T, query_side=False)
+    kd, vd = (TensorDescriptor(t.view(B * T, H * D), [B * T, H * D], [H * D, 1], [bn, D]) for t in (k, v))
+    o, lse = torch.empty_like(q), torch.empty(B, H, T)
+    hp.fwd_tma_kernel[(B * H, triton.cdiv(T, bm))](
+        q, kd, vd, lf, pk, o, lse, *q.stride()[:3], *lf.stride(), H, T, T, D ** -0.5, *pk.stride()[:2],
+        HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, WS=False)
+    assert rel(o, ref) <= RTOL
+
+
 def test_kernels_compile_for_sm90(tmp_path):
     """The interpreter runs the kernels as Python; this compiles them through triton's real pipeline (down to
     ptxas) for sm90, with the constants triton specialises (ints equal to 1) and the shared-memory limit:
