@@ -272,7 +272,7 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
         *_acp_args(acp_tables, block_d, rows_only=True), *pk.stride()[:2],
         HEAD_DIM=D, BLOCK_D=block_d, HAS_START=has_start, HAS_LO=acp_tables is not None,
-        IEEE=q.dtype == torch.float32, DEFER_PV=os.environ.get("FOX_DEFER_PV", "0") == "1",
+        IEEE=q.dtype == torch.float32,
     )
     return o, lse
 
@@ -322,7 +322,6 @@ def _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables=None):
         H, H // Hkv, Tq, Tk, sm_scale, _next_pow2(Tk),
         *_acp_args(acp_tables, common["BLOCK_D"], rows_only=True), *pk.stride()[:2],
         HAS_START=has_start, HAS_LO=acp_tables is not None, **common,
-        DEFER_MMA=os.environ.get("FOX_DEFER_DQ", "0") == "1",
     )
     return dq, drow, delta
 
@@ -352,7 +351,6 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
         *_acp_args(acp_tables, common["BLOCK_D"]), *pq.stride()[:2],
         H // Hkv,
         HAS_START=has_start, HAS_END=has_end, HAS_HI=acp_tables is not None, **common,
-        DP_FIRST=os.environ.get("FOX_DP_FIRST", "0") == "1",
     )
     return dk, dv, dcol
 

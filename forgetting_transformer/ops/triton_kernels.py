@@ -107,34 +107,41 @@ def _row_bounds(KSTART, LO_BLK, b, pid_bh, ssb, sst, offs_m, row_ok, m0, E, ACP_
 
 
 @triton.jit
-def _load_tile(base, pos, ok, stride, offs_d, BOUNDS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A K or V tile (BLOCK_N, BLOCK_D) of the fwd / dq inner loops. Only the diagonal key blocks can reach past
+def _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d,
+             BOUNDS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """K and V tiles (BLOCK_N, BLOCK_D) of the fwd / dq inner loops. Only the diagonal key blocks can reach past
     the last key (``BOUNDS``); blocks below the diagonal are full, so their loads carry no row mask."""
-    ptrs = base + pos[:, None] * stride + offs_d[None, :]
     if BOUNDS:
         if BLOCK_D == HEAD_DIM:
-            x = tl.load(ptrs, mask=ok[:, None], other=0.0)
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=kv_ok[:, None], other=0.0)
         else:
-            x = tl.load(ptrs, mask=ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            dm = kv_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=dm, other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=dm, other=0.0)
     else:
         if BLOCK_D == HEAD_DIM:
-            x = tl.load(ptrs)
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :])
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :])
         else:
-            x = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return x
+            dm = offs_d[None, :] < HEAD_DIM
+            k = tl.load(K_base + pos_k[:, None] * skt + offs_d[None, :], mask=dm, other=0.0)
+            v = tl.load(V_base + pos_k[:, None] * svt + offs_d[None, :], mask=dm, other=0.0)
+    return k, v
 
 
 @triton.jit
-def _score_tile(q, rq2, g, pos_q, kstart, K_base, PK_base, skt, n0, E, qk_scale, offs_n, offs_d,
+def _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, PK_base, skt, svt, n0, E, qk_scale, offs_n, offs_d,
                 CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     """One key block of the fwd / dq loops: scores ``s`` (BLOCK_M, BLOCK_N) in log2 units with the decay and
-    masks applied, the K tile, and the running sum ``g`` of log f over the key blocks visited so far.
+    masks applied, the K and V tiles, and the running sum ``g`` of log f over the key blocks visited so far.
     ``PK_base``: the key-side block prefix sums for blocks of BLOCK_N (the key blocks are aligned)."""
     pos_k = n0 + offs_n
+    kv_ok = pos_k < E
     ck = tl.load(PK_base + pos_k)  # block-local cumsum of log f (padded past Tk)
     tot_k = tl.load(PK_base + tl.minimum(n0 + BLOCK_N, E) - 1)  # sum over the block's keys before E
-    k = _load_tile(K_base, pos_k, pos_k < E, skt, offs_d, CAUSAL_MASK, HEAD_DIM, BLOCK_D)
+    k, v = _load_kv(K_base, V_base, pos_k, kv_ok, skt, svt, offs_d, CAUSAL_MASK, HEAD_DIM, BLOCK_D)
     # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g)
     dk2 = ((tot_k - ck) + g) * 1.4426950408889634
     s = _dot(q, tl.trans(k), IEEE) * qk_scale + (dk2[None, :] - rq2[:, None])
@@ -142,18 +149,7 @@ def _score_tile(q, rq2, g, pos_q, kstart, K_base, PK_base, skt, n0, E, qk_scale,
         s = tl.where(pos_k[None, :] <= pos_q[:, None], s, float("-inf"))
     if START_MASK:
         s = tl.where(pos_k[None, :] >= kstart[:, None], s, float("-inf"))
-    return s, k, g + tot_k
-
-
-@triton.jit
-def _softmax_step(s, l_i, m_i):
-    """Online-softmax update for one score tile (log2 units): P (BLOCK_M, BLOCK_N, float32), the rescale
-    factor ``alpha`` of the rows' earlier sums, and the new row sums and maxima."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+    return s, k, v, g + tot_k
 
 
 @triton.jit
@@ -163,13 +159,15 @@ def _attn_fwd_inner(
     CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
 ):
-    s, k, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, PK_base, skt, n0, E, qk_scale, offs_n, offs_d,
-                          CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
-    pos_k = n0 + offs_n
-    v = _load_tile(V_base, pos_k, pos_k < E, svt, offs_d, CAUSAL_MASK, HEAD_DIM, BLOCK_D)
-    p, alpha, l_i, m_i = _softmax_step(s, l_i, m_i)
+    s, k, v, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, PK_base, skt, svt, n0, E, qk_scale,
+                             offs_n, offs_d, CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-    return acc, l_i, m_i, g
+    return acc, l_i, m_new, g
 
 
 @triton.jit
@@ -178,7 +176,7 @@ def _attn_fwd_kernel(
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sob, sot, soh, ssb, sst,
     H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, spp, spr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr, DEFER_PV: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
 ):
     # grid (B*H, cdiv(Tq, BLOCK_M)); the last (heaviest, causal) query blocks are scheduled first
     pid_bh = tl.program_id(0)
@@ -225,33 +223,11 @@ def _attn_fwd_kernel(
         acc, l_i, m_i, g = _attn_fwd_inner(
             acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
             n0, E, qk_scale, offs_n, offs_d, True, HAS_START or HAS_LO, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
-    if DEFER_PV:
-        # The clean blocks with each block's P V product issued one step late, after the next block's Q K^T:
-        # the asynchronous P V MMA then runs while the warps compute that next block's softmax (FA3's
-        # intra-warpgroup overlap; triton retires it at the next Q K^T's wait). The first step's P V has
-        # P = 0 (a peeled first step would keep its K tile's shared memory alive through the loop).
-        p = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        alpha = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-        for it in range(0, n_clean):
-            n0 = n_top - (n_masked + it) * BLOCK_N
-            s, k, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, PK_base, skt, n0, E, qk_scale,
-                                  offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
-            # the previous block's V (for it = 0 this block's, a full one, times P = 0); the rescale reads acc
-            # after the wait above, so triton keeps this MMA asynchronous
-            v = _load_tile(V_base, n0 + tl.minimum(it, 1) * BLOCK_N + offs_n, offs_n < BLOCK_N, svt, offs_d,
-                           False, HEAD_DIM, BLOCK_D)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-            p, alpha, l_i, m_i = _softmax_step(s, l_i, m_i)
-        if n_clean > 0:
-            v = _load_tile(V_base, n_top - (n_masked + n_clean - 1) * BLOCK_N + offs_n, offs_n < BLOCK_N, svt,
-                           offs_d, False, HEAD_DIM, BLOCK_D)
-            acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
-    else:
-        for it in range(0, n_clean):
-            n0 = n_top - (n_masked + it) * BLOCK_N
-            acc, l_i, m_i, g = _attn_fwd_inner(
-                acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
-                n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
+    for it in range(0, n_clean):
+        n0 = n_top - (n_masked + it) * BLOCK_N
+        acc, l_i, m_i, g = _attn_fwd_inner(
+            acc, l_i, m_i, g, q, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
+            n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     if HAS_START or HAS_LO:  # (compiled out of the dense kernel)
         for it in range(0, n_smasked):
             n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
@@ -278,10 +254,8 @@ def _attn_bwd_dq_inner(
     CAUSAL_MASK: tl.constexpr, START_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
 ):
-    s, k, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, PK_base, skt, n0, E, qk_scale, offs_n, offs_d,
-                          CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
-    pos_k = n0 + offs_n
-    v = _load_tile(V_base, pos_k, pos_k < E, svt, offs_d, CAUSAL_MASK, HEAD_DIM, BLOCK_D)
+    s, k, v, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, V_base, PK_base, skt, svt, n0, E, qk_scale,
+                             offs_n, offs_d, CAUSAL_MASK, START_MASK, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     p = tl.math.exp2(s - lse2[:, None])
     dp = _dot(do, tl.trans(v), IEEE)
     ds = p * (dp - delta[:, None])
@@ -296,7 +270,7 @@ def _attn_bwd_dq_kernel(
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, slb, slt, slh, sdob, sdot, sdoh, ssb, sst,
     H, GROUP, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_GM, ACP_GN, spp, spr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr, DEFER_MMA: tl.constexpr,
+    HAS_START: tl.constexpr, HAS_LO: tl.constexpr, IEEE: tl.constexpr,
 ):
     # grid (B*H, cdiv(Tq, BLOCK_M)); the last (heaviest, causal) query blocks are scheduled first
     pid_bh = tl.program_id(0)
@@ -348,32 +322,11 @@ def _attn_bwd_dq_kernel(
         dq, rowsum, g = _attn_bwd_dq_inner(
             dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
             n0, E, qk_scale, offs_n, offs_d, True, HAS_START or HAS_LO, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
-    if DEFER_MMA:
-        # The clean blocks with each block's dS K product issued one step late, after the next block's Q K^T
-        # and dO V^T: the asynchronous MMA then runs under that block's P / dS arithmetic. Its K tile is read
-        # again (the first step's product has dS = 0 and this block's K).
-        ds = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for it in range(0, n_clean):
-            n0 = n_top - (n_masked + it) * BLOCK_N
-            s, k, g = _score_tile(q, rq2, g, pos_q, kstart, K_base, PK_base, skt, n0, E, qk_scale, offs_n,
-                                  offs_d, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
-            v = _load_tile(V_base, n0 + offs_n, offs_n < BLOCK_N, svt, offs_d, False, HEAD_DIM, BLOCK_D)
-            dp = _dot(do, tl.trans(v), IEEE)
-            k_prev = _load_tile(K_base, n0 + tl.minimum(it, 1) * BLOCK_N + offs_n, offs_n < BLOCK_N, skt, offs_d,
-                                False, HEAD_DIM, BLOCK_D)
-            dq += _dot(ds.to(k_prev.dtype), k_prev, IEEE)
-            ds = tl.math.exp2(s - lse2[:, None]) * (dp - delta[:, None])
-            rowsum += tl.sum(ds, 1)
-        if n_clean > 0:
-            k_prev = _load_tile(K_base, n_top - (n_masked + n_clean - 1) * BLOCK_N + offs_n, offs_n < BLOCK_N, skt,
-                                offs_d, False, HEAD_DIM, BLOCK_D)
-            dq += _dot(ds.to(k_prev.dtype), k_prev, IEEE)
-    else:
-        for it in range(0, n_clean):
-            n0 = n_top - (n_masked + it) * BLOCK_N
-            dq, rowsum, g = _attn_bwd_dq_inner(
-                dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
-                n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
+    for it in range(0, n_clean):
+        n0 = n_top - (n_masked + it) * BLOCK_N
+        dq, rowsum, g = _attn_bwd_dq_inner(
+            dq, rowsum, g, q, do, lse2, delta, rq2, pos_q, kstart, K_base, V_base, PK_base, skt, svt,
+            n0, E, qk_scale, offs_n, offs_d, False, False, HEAD_DIM, BLOCK_D, BLOCK_N, IEEE)
     if HAS_START or HAS_LO:
         for it in range(0, n_smasked):
             n0 = n_top - (n_masked + n_clean + it) * BLOCK_N
@@ -393,7 +346,7 @@ def _attn_bwd_dkdv_inner(
     dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
     KSTART_base, LO_base, sqt, sdot, sst, m0, off, Tq, qk_scale, offs_m, offs_d, ACP_GM, ACP_GN,
     CAUSAL_MASK: tl.constexpr, HAS_START: tl.constexpr, ACP_MASK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr, DP_FIRST: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, IEEE: tl.constexpr,
 ):
     # Transposed formulation (keys on rows): S^T = K Q^T, so P^T / dS^T feed the dv / dk products directly.
     rows = m0 - off + offs_m
@@ -421,12 +374,9 @@ def _attn_bwd_dkdv_inner(
     if ACP_MASK:  # rows whose ACP bound lies above some key of this block
         jmin = tl.load(LO_base + rows // ACP_GM, mask=row_ok, other=0) * ACP_GN
         sT = tl.where(pos_k[:, None] >= jmin[None, :], sT, float("-inf"))
-    if DP_FIRST:  # dv's MMA then runs under the dS^T arithmetic (dP^T's wait would retire it)
-        dpT = _dot(v, tl.trans(do), IEEE)
     pT = tl.math.exp2(sT)
     dv += _dot(pT.to(do.dtype), do, IEEE)
-    if not DP_FIRST:
-        dpT = _dot(v, tl.trans(do), IEEE)
+    dpT = _dot(v, tl.trans(do), IEEE)
     dsT = pT * (dpT - delta[None, :])
     dk += _dot(dsT.to(qT.dtype), tl.trans(qT), IEEE)
     colsum += tl.sum(dsT, 1)
@@ -441,7 +391,6 @@ def _attn_bwd_dkdv_kernel(
     H, HKV, Tq, Tk, sm_scale, T_BUCKET, ACP_NQ, ACP_NK, ACP_GM, ACP_GN, spp, spr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_START: tl.constexpr, HAS_END: tl.constexpr, HAS_HI: tl.constexpr, IEEE: tl.constexpr,
-    DP_FIRST: tl.constexpr,
 ):
     # grid (B*Hkv, cdiv(Tk, BLOCK_N)); the first (heaviest) key blocks are scheduled first
     pid_bhk = tl.program_id(0)
@@ -518,18 +467,18 @@ def _attn_bwd_dkdv_kernel(
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
                 KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, DP_FIRST)
+                ACP_GM, ACP_GN, True, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         for mb in range(mb_mid, mb_end):
             dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                 dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
                 KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, DP_FIRST)
+                ACP_GM, ACP_GN, False, HAS_START, False, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         if HAS_HI:
             for mb in range(mb_end, mb_hi + 1):
                 dk, dv, colsum, acc_c = _attn_bwd_dkdv_inner(
                     dk, dv, colsum, acc_c, k, v, ck2, pos_k, Q_base, DO_base, PQ_base, LSE_base, DELTA_base,
                     KSTART_base, LO_base, sqt, sdot, sst, off + mb * BLOCK_M, off, Tq, qk_scale, offs_m, offs_d,
-                    ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE, DP_FIRST)
+                    ACP_GM, ACP_GN, False, HAS_START, HAS_HI, HEAD_DIM, BLOCK_D, BLOCK_M, IEEE)
         # DCOL is (B, Tk, H) contiguous
         tl.store(DCOL + (b.to(tl.int64) * Tk + pos_k) * H + h, colsum, mask=k_ok)
 
