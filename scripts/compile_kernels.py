@@ -1,15 +1,19 @@
 """Compile the Forgetting Attention Triton kernels for a GPU architecture without a GPU (ahead of time).
 
-    python scripts/compile_kernels.py [--arch 90 80] [--quick]
+    python scripts/compile_kernels.py [--arch 90 80] [--quick] [--regs]
 
 Each kernel is compiled through triton's full pipeline (TTIR, TTGIR, LLVM IR, PTX, ptxas) for the given compute
 capabilities, over the constexpr combinations that matter: dense / padding / ACP / documents, head dims 64, 80
 (padded) and 128, GQA, and the integer arguments triton turns into constants when they equal 1 (H = GROUP =
 HKV = 1), and checks each kernel's static shared memory against the architecture's per-block limit. Catches
 what the CPU interpreter cannot (the compiler's type errors, constant specialisation, ptxas failures, tiles
-too large for the part). ``--quick``: head dim 64 only (what CI runs, ~1 min; the full set takes ~3.5 min on
-2 cores). Must run with TRITON_INTERPRET unset (``tests/ops/test_kernel.py`` runs it in a subprocess). Exits 1
-and names the failing kernel and constants when one does not compile or does not fit.
+too large for the part). Arguments are specialised as at run time on contiguous inputs of a typical shape
+(aligned pointers, 16-divisible strides: ``compile_one``), so the loads are pipelined and the shared memory
+checked is that of the multi-buffered kernel. ``--quick``: head dim 64 only (what CI runs, ~20 s; the full set
+takes ~3 min on 2 cores). ``--regs``: also registers per thread and spill bytes (``ptxas -v``), the limit that
+software-pipelining experiments run into (docs/kernel.md). Must run with TRITON_INTERPRET unset
+(``tests/ops/test_kernel.py`` runs it in a subprocess). Exits 1 and names the failing kernel and constants
+when one does not compile or does not fit.
 """
 
 from __future__ import annotations
@@ -50,23 +54,59 @@ def cases(quick=False):
     return out
 
 
+# Integer arguments that are not multiples of 16 for typical shapes (head counts, the GQA group, chunk counts,
+# the query offset) or that equal 1 (the unit strides of log f over heads and of the kstart / kend rows, which
+# triton turns into the constant 1 at run time).
+NOT_ALIGNED = {"B", "H", "HKV", "GROUP", "NCH", "D", "off", "gk_div", "sgq", "sgk"}
+ONES = {"slh", "sst", "set"}
+
+
 def compile_one(fn, consts, arch, num_warps, num_stages):
+    """Compile ``fn`` as triton would launch it on contiguous tensors of a typical shape (T and H * D multiples
+    of 16): 16-byte aligned pointers and 16-divisible integer arguments (``tt.divisibility``), which is what
+    lets the pipeliner turn the K / V / Q / dO loads into multi-buffered asynchronous copies; without them the
+    shared memory and registers reported are those of an unpipelined kernel."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+    consts.update({k: 1 for k in ONES if k in fn.arg_names and k not in consts})
     sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "sm_scale" else "i32")
            for n in fn.arg_names}
-    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and n not in NOT_ALIGNED and sig[n] != "fp32"}
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def ptxas_usage(kernel, arch):
+    """(registers per thread, spill store bytes, spill load bytes) of a compiled kernel: ``ptxas -v`` on its PTX
+    (the CUDA-free way to see register pressure; a GPU run reports the same through ``n_regs`` / ``n_spills``)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia import compiler as nv
+
+    ptxas = nv.get_ptxas(arch).path
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(kernel.asm["ptx"])
+        out = subprocess.run([ptxas, f"-arch=sm_{arch}{'a' if arch >= 90 else ''}", "-v", src, "-o",
+                              os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", out).group(1))
+    st, ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out).groups())
+    return regs, st, ld
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, nargs="+", default=[90, 80])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--regs", action="store_true", help="also print registers and spill bytes (ptxas -v)")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
@@ -78,11 +118,15 @@ def main():
             if arch < 90 and consts.get("HEAD_DIM") == 80:
                 continue  # one head dim is enough to show the pre-Hopper path compiles
             try:
-                shared = compile_one(getattr(tk, name), consts, arch, w, s).metadata.shared
+                kernel = compile_one(getattr(tk, name), consts, arch, w, s)
+                shared = kernel.metadata.shared
                 if shared > SHARED_LIMIT.get(arch, SHARED_LIMIT[80]):
                     raise RuntimeError(f"needs {shared} bytes of shared memory, sm{arch} allows "
                                        f"{SHARED_LIMIT.get(arch, SHARED_LIMIT[80])}")
-                print(f"sm{arch} {name} {consts} ok ({shared} bytes shared)", flush=True)
+                regs = ""
+                if args.regs:
+                    regs = ", {} registers, spills {} / {} bytes stored / loaded".format(*ptxas_usage(kernel, arch))
+                print(f"sm{arch} {name} {consts} warps {w} stages {s} ok ({shared} bytes shared{regs})", flush=True)
             except Exception as e:  # noqa: BLE001 (report every failure, then exit 1)
                 failed += 1
                 cause = e

@@ -439,15 +439,23 @@ def test_hopper_probe_tma_forward_matches_reference(monkeypatch):
 
 def test_kernels_compile_for_sm90(tmp_path):
     """The interpreter runs the kernels as Python; this compiles them through triton's real pipeline (down to
-    ptxas) for sm90, with the constants triton specialises (ints equal to 1) and the shared-memory limit:
-    scripts/compile_kernels.py --quick, in a subprocess without TRITON_INTERPRET and with an empty cache."""
+    ptxas) for sm90, specialised as at run time (ints equal to 1 as constants, aligned pointers and strides) and
+    checked against the shared-memory limit: scripts/compile_kernels.py --quick --regs, in a subprocess without
+    TRITON_INTERPRET and with an empty cache."""
+    import re
     import subprocess
     import sys
 
     script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "compile_kernels.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
-    r = subprocess.run([sys.executable, script, "--arch", "90", "--quick"], env=env, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs"], env=env, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count(" ok (") == 8, r.stdout
+    fwd = next(line for line in r.stdout.splitlines() if "_attn_fwd_kernel" in line and "'HAS_START': False" in line)
+    shared, regs = (int(x) for x in re.search(r"ok \((\d+) bytes shared, (\d+) registers", fwd).groups())
+    # the pipelined forward keeps 3 stages of K and V tiles (64 x 64 bf16 each) in shared memory; without the
+    # run-time alignment attributes triton does not pipeline the loads and reports far less
+    assert shared >= 2 * 3 * 64 * 64 * 2, fwd
+    assert 0 < regs <= 255, fwd
