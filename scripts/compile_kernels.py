@@ -101,6 +101,34 @@ def ptxas_usage(kernel, arch):
     st, ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out).groups())
     return regs, st, ld
 
+def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, arch=90):
+    """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``) as ``_fwd_launch_sm90`` launches it: bf16
+    TMA descriptors with the default NVMMA shared layouts, aligned pointers and strides, 4 warps per partition,
+    and the launch register limit that leaves room for the loader's warpgroup."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from forgetting_transformer.ops import gluon_kernels as gk
+    from forgetting_transformer.ops.forgetting_attention import _sm90_maxnreg
+
+    fn = gk.fox_fwd_sm90_kernel
+
+    def desc(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+        return f"tensordesc<bf16[{rows},{head_dim}],{layout!r}>"
+
+    consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages)
+    types = dict(q_desc=desc(2 * block_m), k_desc=desc(block_n), v_desc=desc(block_n), LF=F32, PK=F32, O=BF16,
+                 LSE=F32, sm_scale="fp32")
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if n in ("LF", "PK", "O", "LSE", "slb", "sob", "sot", "soh", "spp", "spr")}
+    src = gluon._runtime.GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
+                                        attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=_sm90_maxnreg(8)))
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -112,13 +140,21 @@ def main():
         raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
     from forgetting_transformer.ops import triton_kernels as tk
 
+    from forgetting_transformer.ops.forgetting_attention import _SM90_CONFIGS
+
     failed = 0
     for arch in args.arch:
-        for name, consts, w, s in cases(args.quick):
+        todo = [(name, consts, w, s, lambda n=name, c=consts, w=w, s=s: compile_one(getattr(tk, n), c, arch, w, s))
+                for name, consts, w, s in cases(args.quick)]
+        if arch >= 90:  # the Gluon forward: Hopper only
+            todo += [("fox_fwd_sm90_kernel", dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn), 4, st,
+                      lambda D=D, bm=bm, bn=bn, st=st: compile_gluon_fwd(D, bm, bn, st, arch))
+                     for D, (bm, bn, st) in sorted(_SM90_CONFIGS.items())]
+        for name, consts, w, s, compile_fn in todo:
             if arch < 90 and consts.get("HEAD_DIM") == 80:
                 continue  # one head dim is enough to show the pre-Hopper path compiles
             try:
-                kernel = compile_one(getattr(tk, name), consts, arch, w, s)
+                kernel = compile_fn()
                 shared = kernel.metadata.shared
                 if shared > SHARED_LIMIT.get(arch, SHARED_LIMIT[80]):
                     raise RuntimeError(f"needs {shared} bytes of shared memory, sm{arch} allows "

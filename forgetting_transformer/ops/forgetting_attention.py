@@ -277,6 +277,61 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     return o, lse
 
 
+# (rows per consumer warpgroup, BLOCK_N, NUM_STAGES) of the Gluon sm90 forward per head dim
+_SM90_CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
+
+
+def _sm90_maxnreg(num_warps):
+    """Registers per thread at launch so that the compute warps plus the loader's warpgroup fill the 64K register
+    file (8 + 4 warps: 168); ``setmaxnreg`` then moves the loader's share to the compute warps (240 each)."""
+    return min(255, 65536 // ((num_warps + 4) * 32) // 8 * 8)
+
+
+_SM90_HEAD_DIMS = (128,)  # where the Gluon forward beats the Triton one on an H200 (docs/benchmarks.md, session 9)
+
+
+def _use_sm90(q, k, v):
+    """Whether a dense causal forward (no documents, padding or ACP: checked by the caller) runs the Gluon
+    kernel: a Hopper GPU (compute capability 9.x), 16-bit inputs, a head dim in ``_SM90_HEAD_DIMS``, TMA's
+    16-byte-aligned bases, and ``FOX_GLUON`` not "0". Both kernels compute the same o and lse (tested)."""
+    return (q.is_cuda and not _interpreting() and os.environ.get("FOX_GLUON", "1") != "0"
+            and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in _SM90_HEAD_DIMS
+            and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and torch.cuda.get_device_capability(q.device)[0] == 9)
+
+
+def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None):
+    """The dense causal forward by the warp-specialised Gluon kernel (``gluon_kernels``; Hopper only): the same
+    (o, lse) as ``_fwd_launch``."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from . import gluon_kernels as gk
+
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    bm, bn, stages = config or _SM90_CONFIGS[D]
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+
+    def desc(t, T, heads, block):  # TMA descriptor over the (B*T, heads*D) view, blocks of [block, D]
+        layout = gl.NVMMASharedLayout.get_default_for([block, D], gdt)
+        return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D], layout)
+
+    o = torch.empty_like(q)
+    lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
+    if Tq == 0:
+        return o, lse
+    pk, _ = _block_prefix(lf, Tq, query_side=False)
+    gk.fox_fwd_sm90_kernel[(B * H, _cdiv(Tq, 2 * bm))](
+        desc(q, Tq, H, 2 * bm), desc(k, Tk, Hkv, bn), desc(v, Tk, Hkv, bn), lf, pk, o, lse,
+        lf.stride(0), lf.stride(1), lf.stride(2), o.stride(0), o.stride(1), o.stride(2), *pk.stride()[:2],
+        H, H // Hkv, Tq, Tk, sm_scale,
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, NUM_STAGES=stages,
+        num_warps=4, maxnreg=_sm90_maxnreg(8))
+    return o, lse
+
+
 def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     if Tq == 0:
@@ -364,6 +419,8 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
 
 
 def _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
+    if kstart is None and acp_lo is None and _use_sm90(q, k, v):
+        return _fwd_launch_sm90(q, k, v, log_fgate, sm_scale)
     return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, None if acp_lo is None else (acp_lo, acp_hi))
 
 

@@ -225,3 +225,48 @@ def test_autotuned_launches(monkeypatch):
     for (kind, _, _), cfg in fa._TUNED.items():
         assert cfg is fa._kernel(kind).best_config or cfg in fa._kernel(kind).cache.values()
     assert check(q, k, v, lf) == first  # the same configs: bit-identical results
+
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward needs a Hopper GPU (compute capability 9.x)")
+@pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D,dtype,config", [
+    (2, 1000, 1000, 4, 2, 128, torch.bfloat16, None),   # T not a multiple of the tiles, GQA, rows past the batch
+    (1, 300, 1111, 4, 1, 128, torch.float16, None),     # Tq < Tk, MQA, fp16
+    (1, 1, 77, 2, 2, 128, torch.bfloat16, None),        # one query
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 3)),
+    (1, 4096, 4096, 2, 2, 64, torch.bfloat16, (64, 64, 4)),
+    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 64, 3)),
+])
+def test_gluon_forward(B, Tq, Tk, H, Hkv, D, dtype, config):
+    """The warp-specialised Gluon forward (``_fwd_launch_sm90``): o within the bf16 bound of the float64
+    reference and as close to it as the Triton forward, and the same log-sum-exp as the Triton forward (the
+    backward reads it)."""
+    q, k, v, lf = make(B, Tq, Tk, H, Hkv, D, dtype)
+    sm = D ** -0.5
+    o, lse = fa._fwd_launch_sm90(q, k, v, lf, sm, config)
+    o_t, lse_t = fa._fwd_launch(q, k, v, lf, None, sm)
+    ref = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+    assert torch.isfinite(o).all()
+    e, e_t = rel(o, ref), rel(o_t, ref)
+    assert e <= TOL["o"] and e <= 1.05 * e_t, (e, e_t)
+    assert (lse - lse_t).abs().max().item() < 1e-4 * max(1.0, lse_t.abs().max().item())
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon forward needs a Hopper GPU (compute capability 9.x)")
+def test_gluon_forward_dispatch(monkeypatch):
+    """Dense D = 128 calls on Hopper run the Gluon forward (``FOX_GLUON=0`` turns it off); calls with left
+    padding or ACP keep the Triton kernel. fwd + all gradients stay within the float64 bounds either way."""
+    calls = []
+    real = fa._fwd_launch_sm90
+    monkeypatch.setattr(fa, "_fwd_launch_sm90", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    q, k, v, lf = make(2, 1024, 1024, 4, 2, 128)
+    check(q, k, v, lf)
+    assert len(calls) == 1
+    check(q, k, v, lf, seq_start=torch.tensor([0, 5], device="cuda"))
+    assert len(calls) == 1
+    monkeypatch.setenv("FOX_GLUON", "0")
+    check(q, k, v, lf)
+    assert len(calls) == 1

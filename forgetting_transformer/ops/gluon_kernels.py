@@ -1,0 +1,247 @@
+"""Hopper (sm90) forward of Forgetting Attention in Gluon, triton's explicit-layout dialect: warp-specialised.
+
+One program per (query block of 2 * BLOCK_M rows, batch*head), heaviest blocks first, with the numerics of
+``triton_kernels._attn_fwd_kernel`` (block-local log f prefix sums, base-2 online softmax, the same o and
+log-sum-exp), in three partitions:
+  * a one-warp loader (24 registers after ``setmaxnreg``) issues TMA copies of Q and of each key block's K and V
+    into a ring of NUM_STAGES shared-memory stages, K and V on separate mbarriers;
+  * two consumer warpgroups (the default partition and a worker, 240 registers each), BLOCK_M query rows each,
+    run wgmma for Q K^T and P V and the softmax, and free a stage with one mbarrier arrive each once their MMA
+    has read it. They synchronise only through those barriers, so one warpgroup's softmax overlaps the other's
+    MMAs (the ping-pong FlashAttention-3 schedules explicitly);
+  * each consumer loads the next key block's log f prefix sums one tile ahead (off the critical path).
+Dense causal attention only (no documents, padding or ACP); ``forgetting_attention._use_sm90`` decides.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _schedule(pid_m, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Key blocks of query block ``pid_m``, walked down from the diagonal: the top block, the number of
+    causal-masked blocks, the total, and E (one past the block's last key)."""
+    m0 = Tk - Tq + pid_m * BLOCK_M
+    E = gl.minimum(m0 + BLOCK_M, Tk)
+    n_top = ((E - 1) // BLOCK_N) * BLOCK_N
+    n_um = ((m0 + 1) // BLOCK_N) * BLOCK_N - BLOCK_N  # highest block wholly at/below the first query
+    n_masked = (n_top - gl.maximum(n_um, -BLOCK_N)) // BLOCK_N
+    n_clean = gl.maximum(n_um // BLOCK_N + 1, 0)
+    return n_top, n_masked, n_masked + n_clean, E
+
+
+@gluon.jit
+def _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+              H, GROUP, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Loader partition: Q once, then K and V of each key block into stage i % NUM_STAGES, each on its own
+    barrier so Q K^T can start before V has arrived."""
+    NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
+    pid_bh = gl.program_id(0)
+    pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    n_top, n_masked, n_total, E = _schedule(pid_m, Tq, Tk, BLOCK_M, BLOCK_N)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_DIM], q_bar, q_smem)
+    col = (h // GROUP) * HEAD_DIM
+    for i in range(n_total):
+        st = i % NUM_STAGES
+        ph = (i // NUM_STAGES) & 1
+        row = b * Tk + n_top - i * BLOCK_N
+        mbarrier.wait(k_empty.index(st), ph ^ 1)  # fresh barriers count as a completed phase 1
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, col], k_ready.index(st), k_bufs.index(st))
+        mbarrier.wait(v_empty.index(st), ph ^ 1)
+        mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, col], v_ready.index(st), v_bufs.index(st))
+
+
+@gluon.jit
+def _prefix_row(PK_base, n0, E, offs_n, BLOCK_N: gl.constexpr):
+    """The block-local cumsum of log f over the keys of block n0 (padded past Tk) and the block's sum over its
+    keys before E; zeros for n0 < 0 (the prefetch past the last block)."""
+    ck = gl.load(PK_base + n0 + offs_n, mask=n0 + offs_n >= 0, other=0.0)
+    tot = gl.load(PK_base + gl.maximum(gl.minimum(n0 + BLOCK_N, E) - 1, 0))
+    return ck, tot
+
+
+@gluon.jit
+def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+              v_empty, PK_base, rq2, pos_q, offs_n, qk_scale,
+              s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr, CAUSAL: gl.constexpr):
+    NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    st = i % NUM_STAGES
+    ph = (i // NUM_STAGES) & 1
+    n0 = n_top - i * BLOCK_N
+    pos_k = n0 + offs_n
+    # the next block's prefix sums, loaded one tile ahead so their latency is not on the critical path
+    ck_next, tot_next = _prefix_row(PK_base, n0 - BLOCK_N, E, offs_n, BLOCK_N)
+    k_s = k_bufs.index(st)
+    mbarrier.wait(k_ready.index(st), ph)
+    s = warpgroup_mma(q_smem, k_s.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                      use_acc=False, is_async=True)
+    s, _, _ = warpgroup_mma_wait(0, deps=(s, q_smem, k_s))
+    mbarrier.arrive(k_empty.index(st), count=1)
+    # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g)
+    dk2 = ((tot_k - ck) + g) * LOG2E
+    s = s * qk_scale + (gl.expand_dims(dk2, 0) - gl.expand_dims(rq2, 1))
+    if CAUSAL:
+        s = gl.where(gl.expand_dims(pos_k, 0) <= gl.expand_dims(pos_q, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    v_s = v_bufs.index(st)
+    p16 = gl.convert_layout(p.to(v_s.dtype), p_layout)
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
+    mbarrier.wait(v_ready.index(st), ph)
+    acc = warpgroup_mma(p16, v_s, acc, is_async=True)
+    acc, _ = warpgroup_mma_wait(0, deps=(acc, v_s))
+    mbarrier.arrive(v_empty.index(st), count=1)
+    return acc, m_new, l_i, g + tot_k, ck_next, tot_next
+
+
+@gluon.jit
+def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                 LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, Tq, Tk, sm_scale,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+    """One consumer warpgroup: the FlashAttention-2 loop of ``_attn_fwd_kernel`` for rows WG*BLOCK_M ..
+    of the program's 2*BLOCK_M-row query block (``q_smem``: this warpgroup's rows)."""
+    num_warps: gl.constexpr = 4
+    gl.static_assert(BLOCK_N == 16 or BLOCK_N == 32 or BLOCK_N == 64 or BLOCK_N == 128)
+    PLANE: gl.constexpr = (BLOCK_N >= 32) + (BLOCK_N >= 64) + (BLOCK_N >= 128)  # PK's plane for blocks of BLOCK_N
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    pid_bh = gl.program_id(0)
+    pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    n_top, n_masked, n_total, E = _schedule(pid_m, Tq, Tk, 2 * BLOCK_M, BLOCK_N)
+    m_start = pid_m * 2 * BLOCK_M + WG * BLOCK_M
+    offs_m = m_start + gl.arange(0, BLOCK_M, layout=row_s)
+    row_ok = offs_m < Tq
+    pos_q = Tk - Tq + offs_m
+    # query part of the decay, sum_{t=i+1}^{E-1} log f_t (the scan runs in a blocked layout: scans of
+    # wgmma-layout slices are not supported)
+    scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    offs_ms = m_start + gl.arange(0, BLOCK_M, layout=scan_layout)
+    LF_base = LF + b.to(gl.int64) * slb + h.to(gl.int64) * slh
+    lf_q = gl.load(LF_base + (Tk - Tq + offs_ms) * slt, mask=offs_ms < Tq, other=0.0)
+    rq = gl.sum(lf_q, 0) - gl.associative_scan(lf_q, 0, _add)
+    if WG == 0:  # plus the log f of the other warpgroup's rows, which lie after this one's
+        offs_r = offs_ms + BLOCK_M
+        rq += gl.sum(gl.load(LF_base + (Tk - Tq + offs_r) * slt, mask=offs_r < Tq, other=0.0), 0)
+    rq2 = gl.convert_layout(rq * LOG2E, row_s)
+    PK_base = PK + PLANE * spp.to(gl.int64) + pid_bh.to(gl.int64) * spr
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    qk_scale = sm_scale * LOG2E
+
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    g = gl.sum(gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, s_layout)), 0)
+    ck, tot = _prefix_row(PK_base, n_top, E, offs_n, BLOCK_N)
+    mbarrier.wait(q_bar, 0)
+    for i in range(0, n_masked):
+        acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+                                     k_empty, v_empty, PK_base, rq2, pos_q, offs_n, qk_scale,
+                                     s_layout, p_layout, row_o, True)
+    for i in range(n_masked, n_total):
+        acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs, k_ready, v_ready,
+                                     k_empty, v_empty, PK_base, rq2, pos_q, offs_n, qk_scale,
+                                     s_layout, p_layout, row_o, False)
+
+    l_ok = l_i > 0.0
+    lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)), 0.0)
+    gl.store(LSE + pid_bh.to(gl.int64) * Tq + offs_m, lse2, mask=row_ok)
+    o = acc / gl.expand_dims(gl.convert_layout(gl.where(l_ok, l_i, 1.0), row_o), 1)
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [num_warps, 1],
+                                                [1, 0])
+    o = gl.convert_layout(o.to(O.dtype.element_ty), out_layout)
+    om = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out_layout))
+    O_base = O + b.to(gl.int64) * sob + h.to(gl.int64) * soh
+    gl.store(O_base + gl.expand_dims(om, 1) * sot + gl.expand_dims(od, 0), o, mask=gl.expand_dims(om < Tq, 1))
+
+
+# The partitions below share one signature (gl.warp_specialize passes no constexprs: the tile sizes are read
+# from the shared-memory types). q_smem holds both consumer warpgroups' rows.
+@gluon.jit
+def _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                    LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale,
+                    WG: gl.constexpr):
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0] // 2
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    _fwd_compute(q_smem.slice(WG * BLOCK_M, BLOCK_M), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                 LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, Tq, Tk, sm_scale,
+                 BLOCK_M, BLOCK_N, k_bufs.type.shape[2], WG)
+
+
+@gluon.jit
+def _fwd_compute_wg0(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale):
+    _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                    LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale, 0)
+
+
+@gluon.jit
+def _fwd_compute_wg1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale):
+    _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                    LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale, 1)
+
+
+@gluon.jit
+def _fwd_load_all(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                  LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale):
+    _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+              H, GROUP, Tq, Tk, q_smem.type.shape[0], k_bufs.type.shape[1], k_bufs.type.shape[2])
+
+
+@gluon.jit
+def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr,
+                        H, GROUP, Tq, Tk, sm_scale,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+                        NUM_STAGES: gl.constexpr):
+    """grid (B*H, cdiv(Tq, 2*BLOCK_M)), heaviest query blocks first, num_warps=4: two consumer warpgroups of
+    BLOCK_M rows each (the default partition and a worker) and a one-warp loader. q_desc / k_desc / v_desc:
+    TMA descriptors over the (B*T, heads*D) views of contiguous q, k, v with blocks [2*BLOCK_M, D] /
+    [BLOCK_N, D]. Rows that a block reads past its batch element's end are masked (causal) or never stored."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=2)  # one arrive per consumer warpgroup
+        mbarrier.init(v_empty.index(s), count=2)
+    args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+            LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale)
+    gl.warp_specialize([(_fwd_compute_wg0, args), (_fwd_compute_wg1, args), (_fwd_load_all, args)], [4, 1],
+                       [240, 24])
