@@ -163,13 +163,13 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     ck, tot = _prefix_row(PK_base, n_top, E, offs_n, BLOCK_N)
     mbarrier.wait(q_bar, 0)
     for i in range(0, n_masked):
-        acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs, k_ready, v_ready,
-                                     k_empty, v_empty, PK_base, rq2, pos_q, offs_n, qk_scale,
-                                     s_layout, p_layout, row_o, True)
+        acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
+                                              k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, offs_n,
+                                              qk_scale, s_layout, p_layout, row_o, True)
     for i in range(n_masked, n_total):
-        acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs, k_ready, v_ready,
-                                     k_empty, v_empty, PK_base, rq2, pos_q, offs_n, qk_scale,
-                                     s_layout, p_layout, row_o, False)
+        acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
+                                              k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, offs_n,
+                                              qk_scale, s_layout, p_layout, row_o, False)
 
     l_ok = l_i > 0.0
     lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)), 0.0)
