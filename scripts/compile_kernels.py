@@ -101,33 +101,54 @@ def ptxas_usage(kernel, arch):
     st, ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out).groups())
     return regs, st, ld
 
-def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, arch=90):
-    """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``) as ``_fwd_launch_sm90`` launches it: bf16
-    TMA descriptors with the default NVMMA shared layouts, aligned pointers and strides, 4 warps per partition,
-    and the launch register limit that leaves room for the loader's warpgroup."""
+def compile_gluon(fn, consts, types, aligned, arch=90):
+    """A Gluon sm90 kernel as its launcher (``forgetting_attention._fwd_launch_sm90`` / ``_bwd_dkdv_sm90``)
+    launches it: bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
+    16-divisible ``aligned`` pointers and strides, 4 warps per partition, and the launch register limit that
+    leaves room for the loader's warpgroup."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
 
-    from forgetting_transformer.ops import gluon_kernels as gk
     from forgetting_transformer.ops.forgetting_attention import _sm90_maxnreg
 
-    fn = gk.fox_fwd_sm90_kernel
-
-    def desc(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
-        return f"tensordesc<bf16[{rows},{head_dim}],{layout!r}>"
-
-    consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages)
-    types = dict(q_desc=desc(2 * block_m), k_desc=desc(block_n), v_desc=desc(block_n), LF=F32, PK=F32, O=BF16,
-                 LSE=F32, sm_scale="fp32")
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if n in ("LF", "PK", "O", "LSE", "slb", "sob", "sot", "soh", "spp", "spr")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = gluon._runtime.GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
                                         attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=_sm90_maxnreg(8)))
+
+
+def _desc(rows, head_dim):
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+    return f"tensordesc<bf16[{rows},{head_dim}],{layout!r}>"
+
+
+def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, arch=90):
+    """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``)."""
+    from forgetting_transformer.ops import gluon_kernels as gk
+
+    types = dict(q_desc=_desc(2 * block_m, head_dim), k_desc=_desc(block_n, head_dim),
+                 v_desc=_desc(block_n, head_dim), LF=F32, PK=F32, O=BF16, LSE=F32, sm_scale="fp32")
+    return compile_gluon(gk.fox_fwd_sm90_kernel,
+                         dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages), types,
+                         ("LF", "PK", "O", "LSE", "slb", "sob", "sot", "soh", "spp", "spr"), arch)
+
+
+def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, arch=90):
+    """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``)."""
+    from forgetting_transformer.ops import gluon_kernels as gk
+
+    from triton.experimental.gluon import language as gl
+
+    vec = f"tensordesc<fp32[{block_m}],{gl.NVMMASharedLayout.get_default_for([block_m], gl.float32)!r}>"
+    types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),
+                 v_desc=_desc(block_n, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, LF=F32, PQ=F32, DK=BF16,
+                 DV=BF16, DCOL=F32, sm_scale="fp32")
+    return compile_gluon(gk.fox_bwd_dkdv_sm90_kernel, dict(NUM_STAGES=num_stages), types,
+                         ("LF", "PQ", "DK", "DV", "DCOL", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"), arch)
 
 
 def main():
@@ -140,16 +161,19 @@ def main():
         raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
     from forgetting_transformer.ops import triton_kernels as tk
 
-    from forgetting_transformer.ops.forgetting_attention import _SM90_CONFIGS
+    from forgetting_transformer.ops.forgetting_attention import _SM90_BWD_CONFIGS, _SM90_CONFIGS
 
     failed = 0
     for arch in args.arch:
         todo = [(name, consts, w, s, lambda n=name, c=consts, w=w, s=s: compile_one(getattr(tk, n), c, arch, w, s))
                 for name, consts, w, s in cases(args.quick)]
-        if arch >= 90:  # the Gluon forward: Hopper only
+        if arch >= 90:  # the Gluon kernels: Hopper only
             todo += [("fox_fwd_sm90_kernel", dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn), 4, st,
                       lambda D=D, bm=bm, bn=bn, st=st: compile_gluon_fwd(D, bm, bn, st, arch))
                      for D, (bm, bn, st) in sorted(_SM90_CONFIGS.items())]
+            todo += [("fox_bwd_dkdv_sm90_kernel", dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn), 4, st,
+                      lambda D=D, bm=bm, bn=bn, st=st: compile_gluon_bwd(D, bm, bn, st, arch))
+                     for D, (bm, bn, st) in sorted(_SM90_BWD_CONFIGS.items())]
         for name, consts, w, s, compile_fn in todo:
             if arch < 90 and consts.get("HEAD_DIM") == 80:
                 continue  # one head dim is enough to show the pre-Hopper path compiles

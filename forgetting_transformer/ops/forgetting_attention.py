@@ -290,13 +290,17 @@ def _sm90_maxnreg(num_warps):
 _SM90_HEAD_DIMS = (128,)  # where the Gluon forward beats the Triton one on an H200 (docs/benchmarks.md, session 9)
 
 
-def _use_sm90(q, k, v):
-    """Whether a dense causal forward (no documents, padding or ACP: checked by the caller) runs the Gluon
-    kernel: a Hopper GPU (compute capability 9.x), 16-bit inputs, a head dim in ``_SM90_HEAD_DIMS``, TMA's
-    16-byte-aligned bases, and ``FOX_GLUON`` not "0". Both kernels compute the same o and lse (tested)."""
+_SM90_BWD_HEAD_DIMS = (64, 128)  # where the Gluon dk/dv kernel runs
+
+
+def _use_sm90(q, k, v, head_dims=_SM90_HEAD_DIMS, *more):
+    """Whether a dense causal pass (no documents, padding or ACP: checked by the caller) runs a Gluon kernel: a
+    Hopper GPU (compute capability 9.x), 16-bit inputs, a head dim in ``head_dims``, TMA's 16-byte-aligned bases
+    (of q, k, v and ``more``), and ``FOX_GLUON`` not "0". The Gluon and Triton kernels compute the same outputs
+    (tested)."""
     return (q.is_cuda and not _interpreting() and os.environ.get("FOX_GLUON", "1") != "0"
-            and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in _SM90_HEAD_DIMS
-            and all(t.data_ptr() % 16 == 0 for t in (q, k, v))
+            and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in head_dims
+            and all(t.data_ptr() % 16 == 0 for t in (q, k, v, *more))
             and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
@@ -332,6 +336,50 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None):
     return o, lse
 
 
+# (BLOCK_M query rows per tile, BLOCK_N keys per program = 2 consumer warpgroups, NUM_STAGES) of the Gluon sm90
+# dk/dv backward per head dim
+_SM90_BWD_CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
+
+
+def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None):
+    """The dense dk/dv backward by the warp-specialised Gluon kernel (``gluon_kernels``; Hopper only): the same
+    (dk, dv, dcol) as ``_bwd_dkdv``."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from . import gluon_kernels as gk
+
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    bm, bn, stages = config or _SM90_BWD_CONFIGS[D]
+    q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
+
+    def desc(t, T, heads, block):  # TMA descriptor over the (B*T, heads*D) view, blocks of [block, D]
+        layout = gl.NVMMASharedLayout.get_default_for([block, D], gdt)
+        return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D], layout)
+
+    svr = _cdiv(Tq, 4) * 4  # a TMA copy starts at a 16-byte boundary: rows of LSE and delta padded to 4 floats
+
+    def vec(t, rows=True):  # 1-D TMA descriptor over a flat fp32 buffer, blocks of bm (a query tile's rows)
+        if rows and svr != Tq:
+            t = torch.nn.functional.pad(t.view(B * H, Tq), (0, svr - Tq))
+        t = t.reshape(-1)
+        if t.numel() < bm:  # a block no longer than the tensor (zeros; rows past Tq are masked)
+            t = torch.nn.functional.pad(t, (0, bm - t.numel()))
+        return TensorDescriptor(t, [t.numel()], [1], [bm], gl.NVMMASharedLayout.get_default_for([bm], gl.float32))
+
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
+    gk.fox_bwd_dkdv_sm90_kernel[(B * Hkv, _cdiv(Tk, bn))](
+        desc(q, Tq, H, bm), desc(do, Tq, H, bm), desc(k, Tk, Hkv, bn), desc(v, Tk, Hkv, bn),
+        vec(pq, rows=False), vec(lse), vec(delta), lf, pq, dk, dv, dcol, lf.stride(0), lf.stride(1), lf.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr, H, H // Hkv, Tq, Tk, sm_scale,
+        NUM_STAGES=stages, num_warps=4, maxnreg=_sm90_maxnreg(8))
+    return dk, dv, dcol
+
+
 def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
     B, Tq, H, D = q.shape
     if Tq == 0:
@@ -341,7 +389,10 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
     pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
     dq, drow, delta = _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables)
-    dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables)
+    if kstart is None and kend is None and acp_tables is None and _use_sm90(q, k, v, _SM90_BWD_HEAD_DIMS, do):
+        dk, dv, dcol = _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale)
+    else:
+        dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables)
     return dq, dk, dv, _bwd_dlogf(drow, dcol)
 
 

@@ -245,3 +245,266 @@ def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, slb, slt, slh, s
             LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale)
     gl.warp_specialize([(_fwd_compute_wg0, args), (_fwd_compute_wg1, args), (_fwd_load_all, args)], [4, 1],
                        [240, 24])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# backward: dk, dv and the column sums of dS (the dk/dv half; dq stays with triton_kernels._attn_bwd_dq_kernel)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _bwd_schedule(n0, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Query tiles (aligned at the first query) that see key block ``n0``, ascending: the first, the end of the
+    causal-masked ones, the end of the clean ones (after it: the partial last tile, masked) and the end."""
+    off = Tk - Tq
+    mb_first = gl.maximum(n0 - off, 0) // BLOCK_M
+    mb_end = (Tq + BLOCK_M - 1) // BLOCK_M
+    # the first tile whose first query is at/after the block's last key needs no causal mask
+    mb_um = gl.maximum((gl.minimum(n0 + BLOCK_N, Tk) - 1 - off + BLOCK_M - 1) // BLOCK_M, mb_first)
+    mb_mid = gl.minimum(mb_um, mb_end)
+    mb_clean = gl.maximum(Tq // BLOCK_M, mb_mid)
+    return mb_first, mb_mid, mb_clean, mb_end
+
+
+@gluon.jit
+def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
+              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, H, GROUP, Tq, Tk, spp, spr,
+              svr):
+    """Loader partition: this program's K and V block once, then for each query tile (of each query head of the
+    kv head) Q with the tile's rows of PQ (block-local log f prefix sums), LSE and delta on one barrier and dO
+    on another, into stage i % NUM_STAGES, so K Q^T can start before dO lands."""
+    NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    HEAD_DIM: gl.constexpr = q_bufs.type.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[0]
+    PLANE: gl.constexpr = (BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)  # PQ's plane for tiles of BLOCK_M
+    HKV = H // GROUP
+    b = gl.program_id(0) // HKV
+    hk = gl.program_id(0) % HKV
+    n0 = gl.program_id(1) * BLOCK_N
+    mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n0, Tq, Tk, BLOCK_M, BLOCK_N)
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b * Tk + n0, hk * HEAD_DIM], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [b * Tk + n0, hk * HEAD_DIM], kv_bar, v_smem)
+    n_tiles = mb_end - mb_first
+    q_bytes: gl.constexpr = q_desc.block_type.nbytes + 3 * cq_desc.block_type.nbytes
+    for i in range(GROUP * n_tiles):
+        st = i % NUM_STAGES
+        ph = (i // NUM_STAGES) & 1
+        h = hk * GROUP + i // n_tiles
+        r0 = (mb_first + i % n_tiles) * BLOCK_M
+        mbarrier.wait(q_empty.index(st), ph ^ 1)  # fresh barriers count as a completed phase 1
+        bar = q_ready.index(st)
+        mbarrier.expect(bar, q_bytes)
+        tma.async_copy_global_to_shared(q_desc, [b * Tq + r0, h * HEAD_DIM], bar, q_bufs.index(st))
+        tma.async_copy_global_to_shared(cq_desc, [PLANE * spp + (b * H + h) * spr + r0], bar, cq_bufs.index(st))
+        tma.async_copy_global_to_shared(lse_desc, [(b * H + h) * svr + r0], bar, lse_bufs.index(st))
+        tma.async_copy_global_to_shared(dl_desc, [(b * H + h) * svr + r0], bar, dl_bufs.index(st))
+        mbarrier.wait(do_empty.index(st), ph ^ 1)
+        mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [b * Tq + r0, h * HEAD_DIM], do_ready.index(st), do_bufs.index(st))
+
+
+@gluon.jit
+def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
+              do_ready, q_empty, do_empty, ck2, pos_k, PQ_base, offs_m, qk_scale,
+              s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr):
+    """One query tile of ``triton_kernels._attn_bwd_dkdv_inner`` (keys on rows: S^T = K Q^T, so P^T and dS^T are
+    the register A operands of the dv and dk products)."""
+    NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    KEYS: gl.constexpr = k_s.type.shape[0]
+    st = i % NUM_STAGES
+    ph = (i // NUM_STAGES) & 1
+    rows = m0 - off + offs_m
+    row_ok = rows < Tq
+    tot = gl.load(PQ_base + (m0 - off) + BLOCK_M - 1)  # the query tile's sum of log f
+    q_s = q_bufs.index(st)
+    do_s = do_bufs.index(st)
+    vec_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    mbarrier.wait(q_ready.index(st), ph)
+    sT = warpgroup_mma(k_s, q_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    mbarrier.wait(do_ready.index(st), ph)
+    dpT = warpgroup_mma(v_s, do_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
+                        use_acc=False, is_async=True)
+    sT, _, _ = warpgroup_mma_wait(1, deps=(sT, k_s, q_s))
+    # decay: sum_{t=j+1}^{i} = (sum over [n0, m0) + local cumsum of the query tile) - local cumsum of the keys
+    # (rows past Tq of a partial last tile hold the next row's values or TMA's zeros: masked below)
+    cq = cq_bufs.index(st).load(vec_layout)  # block-local cumsum of log f over the query tile
+    dq2 = (acc_c + cq) * LOG2E - lse_bufs.index(st).load(vec_layout)
+    sT = sT * qk_scale + (gl.expand_dims(dq2, 0) - gl.expand_dims(ck2, 1))
+    if MASK:  # causal, and the rows past Tq of a partial last tile (TMA read them from the next sequence)
+        ok = (gl.expand_dims(pos_k, 1) <= gl.expand_dims(m0 + offs_m, 0)) & gl.expand_dims(row_ok, 0)
+        sT = gl.where(ok, sT, float("-inf"))
+    pT = gl.exp2(sT)
+    pT16 = gl.convert_layout(pT.to(do_s.dtype), a_layout)
+    dpT, _, _ = warpgroup_mma_wait(0, deps=(dpT, v_s, do_s))
+    dv = warpgroup_mma(pT16, do_s, dv, is_async=True)
+    dsT = pT * (dpT - gl.expand_dims(dl_bufs.index(st).load(vec_layout), 0))
+    colsum += gl.sum(dsT, 1)
+    dsT16 = gl.convert_layout(dsT.to(q_s.dtype), a_layout)
+    dk = warpgroup_mma(dsT16, q_s, dk, is_async=True)
+    dv, dk, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, do_s, q_s))
+    mbarrier.arrive(q_empty.index(st), count=1)
+    mbarrier.arrive(do_empty.index(st), count=1)
+    return dk, dv, colsum, acc_c + tot
+
+
+@gluon.jit
+def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready, do_ready, q_empty,
+                 do_empty, LF, PQ, DK, DV, DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk,
+                 sm_scale, WG: gl.constexpr):
+    """One consumer warpgroup: keys WG*KEYS .. of the program's key block (``k_s`` / ``v_s``: this warpgroup's
+    rows), the loop of ``triton_kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head."""
+    num_warps: gl.constexpr = 4
+    KEYS: gl.constexpr = k_s.type.shape[0]
+    HEAD_DIM: gl.constexpr = k_s.type.shape[1]
+    BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
+    gl.static_assert(BLOCK_M == 16 or BLOCK_M == 32 or BLOCK_M == 64 or BLOCK_M == 128)
+    PLANE: gl.constexpr = (BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)  # PQ's plane for tiles of BLOCK_M
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
+    scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    HKV = H // GROUP
+    b = gl.program_id(0) // HKV
+    hk = gl.program_id(0) % HKV
+    n_blk = gl.program_id(1) * 2 * KEYS
+    mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, 2 * KEYS)
+    off = Tk - Tq
+    n0 = n_blk + WG * KEYS
+    pos_k = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
+    offs_ks = n0 + gl.arange(0, KEYS, layout=scan_layout)
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, s_layout))
+    qk_scale = sm_scale * LOG2E
+    m0f = off + mb_first * BLOCK_M
+    lo_p = gl.minimum(n0, m0f)
+    hi_p = gl.maximum(n0, m0f)
+    n_tiles = mb_end - mb_first
+
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
+    mbarrier.wait(kv_bar, 0)
+    for gi in range(GROUP):  # GQA: the query heads sharing this kv head
+        h = hk * GROUP + gi
+        bh = b * H + h
+        LF_base = LF + b.to(gl.int64) * slb + h.to(gl.int64) * slh
+        lf_k = gl.load(LF_base + offs_ks * slt, mask=offs_ks < Tk, other=0.0)
+        ck2 = gl.convert_layout(gl.associative_scan(lf_k, 0, _add) * LOG2E, gl.SliceLayout(1, s_layout))
+        # acc_c = signed sum of log f over [n0, m0f): block-sized steps, no global cumsum
+        acc_c = gl.sum(gl.zeros([KEYS], gl.float32, scan_layout), 0)
+        for t0 in range(lo_p, hi_p, KEYS):
+            tt = t0 + gl.arange(0, KEYS, layout=scan_layout)
+            acc_c += gl.sum(gl.load(LF_base + tt * slt, mask=tt < hi_p, other=0.0), 0)
+        if m0f < n0:
+            acc_c = -acc_c
+        PQ_base = PQ + PLANE * spp.to(gl.int64) + bh.to(gl.int64) * spr
+        colsum = gl.zeros([KEYS], gl.float32, gl.SliceLayout(1, s_layout))
+        i0 = gi * n_tiles - mb_first
+        for mb in range(mb_first, mb_mid):
+            dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
+                                              q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
+                                              q_empty, do_empty, ck2, pos_k, PQ_base, offs_m, qk_scale, s_layout,
+                                              a_layout,
+                                              True)
+        for mb in range(mb_mid, mb_clean):
+            dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
+                                              q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
+                                              q_empty, do_empty, ck2, pos_k, PQ_base, offs_m, qk_scale, s_layout,
+                                              a_layout,
+                                              False)
+        for mb in range(mb_clean, mb_end):
+            dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
+                                              q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
+                                              q_empty, do_empty, ck2, pos_k, PQ_base, offs_m, qk_scale, s_layout,
+                                              a_layout,
+                                              True)
+        # DCOL is (B, Tk, H) contiguous
+        gl.store(DCOL + (b.to(gl.int64) * Tk + pos_k) * H + h, colsum, mask=pos_k < Tk)
+
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [num_warps, 1],
+                                                [1, 0])
+    on = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, out_layout))
+    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out_layout))
+    offs = gl.expand_dims(on, 1) * sdkt + gl.expand_dims(od, 0)
+    ok = gl.expand_dims(on < Tk, 1)
+    base = b.to(gl.int64) * sdkb + hk.to(gl.int64) * sdkh  # DK and DV share k's contiguous strides
+    gl.store(DK + base + offs, gl.convert_layout((dk * sm_scale).to(DK.dtype.element_ty), out_layout), mask=ok)
+    gl.store(DV + base + offs, gl.convert_layout(dv.to(DV.dtype.element_ty), out_layout), mask=ok)
+
+
+# The partitions below share one signature (see the forward's); k_smem / v_smem hold both warpgroups' keys.
+@gluon.jit
+def _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
+                    dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL,
+                    slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, WG: gl.constexpr):
+    KEYS: gl.constexpr = k_smem.type.shape[0] // 2
+    _bwd_compute(k_smem.slice(WG * KEYS, KEYS), v_smem.slice(WG * KEYS, KEYS), q_bufs, do_bufs, cq_bufs, lse_bufs,
+                 dl_bufs, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, slb, slt, slh,
+                 sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, WG)
+
+
+@gluon.jit
+def _bwd_compute_wg0(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
+                     lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV,
+                     DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
+    _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
+                    lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV,
+                    DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, 0)
+
+
+@gluon.jit
+def _bwd_compute_wg1(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
+                     lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV,
+                     DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
+    _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
+                    lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV,
+                    DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, 1)
+
+
+@gluon.jit
+def _bwd_load_all(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
+                  dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL,
+                  slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
+    _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
+              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, H, GROUP, Tq, Tk, spp, spr,
+              svr)
+
+
+@gluon.jit
+def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, LF, PQ, DK, DV, DCOL,
+                             slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale,
+                             NUM_STAGES: gl.constexpr):
+    """grid (B*Hkv, cdiv(Tk, BLOCK_N)), heaviest (first) key blocks first, num_warps=4: two consumer warpgroups
+    of BLOCK_N / 2 keys each (the default partition and a worker) and a one-warp loader. q_desc / do_desc: TMA
+    descriptors over the (B*Tq, H*D) views of contiguous q and do, blocks [BLOCK_M, D]; k_desc / v_desc: over
+    (B*Tk, Hkv*D), blocks [BLOCK_N, D]; cq_desc / lse_desc / dl_desc: 1-D, blocks [BLOCK_M], over the flat PQ
+    (``_block_prefix_kernel``), the forward's LSE and the dq kernel's delta (both (B*H, svr): rows padded to a
+    multiple of 4, since a TMA copy must start at a 16-byte boundary). Writes dk (times sm_scale), dv and DCOL
+    (B, Tk, H), the column sums of dS."""
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    cq_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
+    dl_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(do_ready.index(s), count=1)
+        mbarrier.init(q_empty.index(s), count=2)  # one arrive per consumer warpgroup
+        mbarrier.init(do_empty.index(s), count=2)
+    args = (q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
+            k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL,
+            slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale)
+    gl.warp_specialize([(_bwd_compute_wg0, args), (_bwd_compute_wg1, args), (_bwd_load_all, args)], [4, 1],
+                       [240, 24])

@@ -255,18 +255,53 @@ def test_gluon_forward(B, Tq, Tk, H, Hkv, D, dtype, config):
     assert (lse - lse_t).abs().max().item() < 1e-4 * max(1.0, lse_t.abs().max().item())
 
 
-@pytest.mark.skipif(not _hopper(), reason="the Gluon forward needs a Hopper GPU (compute capability 9.x)")
-def test_gluon_forward_dispatch(monkeypatch):
-    """Dense D = 128 calls on Hopper run the Gluon forward (``FOX_GLUON=0`` turns it off); calls with left
-    padding or ACP keep the Triton kernel. fwd + all gradients stay within the float64 bounds either way."""
+@pytest.mark.skipif(not _hopper(), reason="the Gluon dk/dv kernel needs a Hopper GPU (compute capability 9.x)")
+@pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D,dtype,config", [
+    (2, 1000, 1000, 4, 2, 128, torch.bfloat16, None),   # a partial last query tile, GQA, rows past the batch
+    (1, 300, 1111, 4, 1, 128, torch.float16, None),     # Tq < Tk (key blocks before the first query), MQA, fp16
+    (1, 1, 77, 2, 2, 128, torch.bfloat16, None),        # one query
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 2)),
+    (1, 4096, 4096, 2, 2, 64, torch.bfloat16, None),
+    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 128, 3)),
+])
+def test_gluon_dkdv(B, Tq, Tk, H, Hkv, D, dtype, config):
+    """The warp-specialised Gluon dk/dv kernel (``_bwd_dkdv_sm90``): dk, dv and d log f (from its column sums)
+    within the bounds of float64 autograd and as close to it as the Triton dk/dv kernel."""
+    q, k, v, lf = make(B, Tq, Tk, H, Hkv, D, dtype)
+    sm = D ** -0.5
+    o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
+    do = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).to(dtype)
+    pk, pq = fa._block_prefix(lf, Tq)
+    _, drow, delta = fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm)
+    xs = [t.double().requires_grad_() for t in (q, k, v, lf)]
+    ref = dict(zip(("dk", "dv", "dlf"), torch.autograd.grad(forgetting_attention_ref(*xs), xs, do.double())[1:]))
+    ours = fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, config)
+    triton_ = fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm)
+    got = {name: dict(zip(("dk", "dv", "dlf"), (r[0], r[1], fa._bwd_dlogf(drow, r[2]))))
+           for name, r in (("gluon", ours), ("triton", triton_))}
+    for name in ("dk", "dv", "dlf"):
+        a = got["gluon"][name]
+        assert torch.isfinite(a).all(), name
+        e, e_t = rel(a, ref[name]), rel(got["triton"][name], ref[name])
+        assert e <= TOL[name] and e <= 1.1 * e_t + 1e-5, (name, e, e_t)
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels need a Hopper GPU (compute capability 9.x)")
+def test_gluon_dispatch(monkeypatch):
+    """Dense calls on Hopper run the Gluon forward (D = 128) and dk/dv kernel (D = 64 and 128); ``FOX_GLUON=0``
+    turns both off, and calls with left padding keep the Triton kernels. fwd + all gradients stay within the
+    float64 bounds either way."""
     calls = []
-    real = fa._fwd_launch_sm90
-    monkeypatch.setattr(fa, "_fwd_launch_sm90", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for name in ("_fwd_launch_sm90", "_bwd_dkdv_sm90"):
+        real = getattr(fa, name)
+        monkeypatch.setattr(fa, name, lambda *a, _r=real, _n=name, **kw: calls.append(_n) or _r(*a, **kw))
     q, k, v, lf = make(2, 1024, 1024, 4, 2, 128)
     check(q, k, v, lf)
-    assert len(calls) == 1
+    assert calls == ["_fwd_launch_sm90", "_bwd_dkdv_sm90"]
+    check(*make(2, 1000, 1000, 4, 2, 64))
+    assert calls[2:] == ["_bwd_dkdv_sm90"]
     check(q, k, v, lf, seq_start=torch.tensor([0, 5], device="cuda"))
-    assert len(calls) == 1
+    assert len(calls) == 3
     monkeypatch.setenv("FOX_GLUON", "0")
     check(q, k, v, lf)
-    assert len(calls) == 1
+    assert len(calls) == 3

@@ -1,0 +1,156 @@
+"""The Gluon sm90 kernels against the Triton ones on a Hopper GPU: correctness and per-config timings.
+
+    python scripts/gluon_check.py [--no-check] [--only fwd|bwd]
+
+Forward (``_fwd_launch_sm90``): for awkward shapes (T not a multiple of the tiles, GQA / MQA, Tq < Tk, Tq = 1),
+the relative L2 error of both forwards' o against the float64 reference and the largest log-sum-exp difference;
+then the forward times of the Triton kernel (its heuristic config) and of the Gluon kernel for each (BLOCK_M per
+warpgroup, BLOCK_N, stages) at the benchmark shapes S1..S4 (docs/benchmarks.md, session 9; ``_SM90_CONFIGS``
+holds the picks).
+dk/dv backward (``_bwd_dkdv_sm90``): the same for dk, dv and d log f (from the Gluon kernel's column sums and the
+dq kernel's row sums) against float64 autograd, then the dk/dv kernel times of both at S1..S4 (BLOCK_M, BLOCK_N,
+stages; ``_SM90_BWD_CONFIGS`` holds the picks; TFLOP/s on the kernel's share, 2x the forward's FLOPs).
+"""
+import argparse
+import importlib
+import itertools
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from forgetting_transformer.ops.reference import forgetting_attention_ref
+
+fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def inputs(B, Tq, Tk, H, Hkv, D, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, Tq, H, D, device="cuda", generator=g).to(dtype)
+    k = torch.randn(B, Tk, Hkv, D, device="cuda", generator=g).to(dtype)
+    v = torch.randn(B, Tk, Hkv, D, device="cuda", generator=g).to(dtype)
+    lf = F.logsigmoid(torch.randn(B, Tk, H, device="cuda", generator=g) + 3)
+    return q, k, v, lf
+
+
+def check():
+    print("correctness: rel L2 vs float64 reference (o), and vs the Triton forward (o, lse)")
+    for (B, Tq, Tk, H, Hkv, D), cfg in itertools.product(
+            [(2, 1000, 1000, 4, 4, 64), (2, 1000, 1000, 4, 2, 128), (1, 300, 1111, 4, 1, 128), (1, 1, 77, 2, 2, 64),
+             (2, 2048, 2048, 2, 2, 128), (3, 129, 129, 2, 2, 64)],
+            [None, (64, 64, 3)]):
+        q, k, v, lf = inputs(B, Tq, Tk, H, Hkv, D)
+        sm = D ** -0.5
+        o, lse = fa._fwd_launch_sm90(q, k, v, lf, sm, cfg)
+        o_t, lse_t = fa._fwd_launch(q, k, v, lf, None, sm)
+        ref = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
+        ref_bf = forgetting_attention_ref(q.float(), k.float(), v.float(), lf).to(q.dtype)
+        e, e_t, e_bf = rel(o, ref), rel(o_t, ref), rel(ref_bf, ref)
+        dl = (lse - lse_t).abs().max().item()
+        ok = e <= 2 * max(e_t, e_bf) and dl < 1e-3 and torch.isfinite(o).all().item()
+        print(f"  {'ok ' if ok else 'BAD'} B{B} Tq{Tq} Tk{Tk} H{H}/{Hkv} D{D} cfg {cfg}: o {e:.2e} (triton {e_t:.2e}, "
+              f"torch bf16 {e_bf:.2e}); max |lse - triton lse| {dl:.1e}", flush=True)
+
+
+SHAPES = {"S1": (4, 4096, 16, 64), "S2": (1, 16384, 16, 64), "S3": (2, 8192, 8, 128), "S4": (1, 32768, 8, 128)}
+
+
+def bench(configs):
+    shapes = SHAPES
+    print(f"forward ms (median do_bench), triton {triton.__version__}, torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name()}")
+    for name, (B, T, H, D) in shapes.items():
+        q, k, v, lf = inputs(B, T, T, H, H, D)
+        sm = D ** -0.5
+        flops = 4 * B * H * T * T * D / 2
+        fa._fwd_launch(q, k, v, lf, None, sm)
+        t_ref = triton.testing.do_bench(lambda: fa._fwd_launch(q, k, v, lf, None, sm), warmup=25, rep=200,
+                                        return_mode="median")
+        row = [f"{name}: triton {t_ref:.3f} ms ({flops / t_ref * 1e-9:.0f} TF/s)"]
+        o_t, _ = fa._fwd_launch(q, k, v, lf, None, sm)
+        for cfg in configs[D]:
+            try:
+                o, _ = fa._fwd_launch_sm90(q, k, v, lf, sm, cfg)
+                t = triton.testing.do_bench(lambda: fa._fwd_launch_sm90(q, k, v, lf, sm, cfg), warmup=25, rep=200,
+                                            return_mode="median")
+                row.append(f"{cfg} {t:.3f} ({flops / t * 1e-9:.0f}, {t_ref / t:.2f}x, d {rel(o, o_t):.0e})")
+            except Exception as e:  # noqa: BLE001 (a config that does not fit is reported)
+                row.append(f"{cfg} fails: {type(e).__name__} {str(e)[:80]}")
+        print(" | ".join(row), flush=True)
+
+
+def bwd_inputs(q, k, v, lf, sm):
+    """What the dk/dv kernels read: the forward's lse, PQ and the dq kernel's delta (and its row sums)."""
+    o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
+    do = torch.randn_like(q)
+    pk, pq = fa._block_prefix(lf, q.shape[1])
+    _, drow, delta = fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm)
+    return do, pq, lse, delta, drow
+
+
+def check_bwd():
+    print("dk/dv correctness: rel L2 vs float64 autograd (dk, dv, d log f), Gluon (Triton)")
+    for (B, Tq, Tk, H, Hkv, D), cfg in itertools.product(
+            [(2, 1000, 1000, 4, 2, 128), (1, 300, 1111, 4, 1, 128), (1, 1, 77, 2, 2, 128), (3, 129, 129, 2, 2, 64),
+             (2, 2048, 2048, 2, 2, 64), (1, 4096, 4096, 2, 2, 128)],
+            [None, (64, 128, 3)]):
+        q, k, v, lf = inputs(B, Tq, Tk, H, Hkv, D)
+        sm = D ** -0.5
+        do, pq, lse, delta, drow = bwd_inputs(q, k, v, lf, sm)
+        xs = [t.double().requires_grad_() for t in (q, k, v, lf)]
+        _, dk_r, dv_r, dlf_r = torch.autograd.grad(forgetting_attention_ref(*xs), xs, do.double())
+        res = []
+        for name, fn in (("gluon", lambda: fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, cfg)),
+                         ("triton", lambda: fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm))):
+            dk, dv, dcol = fn()
+            dlf = fa._bwd_dlogf(drow, dcol)
+            finite = all(torch.isfinite(t).all().item() for t in (dk, dv, dlf))
+            res.append((rel(dk, dk_r), rel(dv, dv_r), rel(dlf, dlf_r), finite))
+        (a, b, c, fin), (a_t, b_t, c_t, _) = res
+        ok = fin and a <= 1.2 * a_t + 1e-4 and b <= 1.2 * b_t + 1e-4 and c <= 1.2 * c_t + 1e-4
+        print(f"  {'ok ' if ok else 'BAD'} B{B} Tq{Tq} Tk{Tk} H{H}/{Hkv} D{D} cfg {cfg}: dk {a:.2e} ({a_t:.2e}) "
+              f"dv {b:.2e} ({b_t:.2e}) dlf {c:.2e} ({c_t:.2e})", flush=True)
+
+
+def bench_bwd(configs):
+    print(f"dk/dv kernel ms (median do_bench), triton {triton.__version__}, torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name()}")
+    for name, (B, T, H, D) in SHAPES.items():
+        q, k, v, lf = inputs(B, T, T, H, H, D)
+        sm = D ** -0.5
+        flops = 2 * 4 * B * H * T * T * D / 2
+        do, pq, lse, delta, _ = bwd_inputs(q, k, v, lf, sm)
+        dk_t, dv_t, _ = fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm)
+        t_ref = triton.testing.do_bench(lambda: fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm),
+                                        warmup=25, rep=200, return_mode="median")
+        row = [f"{name}: triton {t_ref:.3f} ms ({flops / t_ref * 1e-9:.0f} TF/s)"]
+        for cfg in configs[D]:
+            try:
+                dk, dv, _ = fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, cfg)
+                t = triton.testing.do_bench(lambda: fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, cfg),
+                                            warmup=25, rep=200, return_mode="median")
+                row.append(f"{cfg} {t:.3f} ({flops / t * 1e-9:.0f}, {t_ref / t:.2f}x, "
+                           f"d {max(rel(dk, dk_t), rel(dv, dv_t)):.0e})")
+            except Exception as e:  # noqa: BLE001 (a config that does not fit is reported)
+                row.append(f"{cfg} fails: {type(e).__name__} {str(e)[:80]}")
+        print(" | ".join(row), flush=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--only", choices=("fwd", "bwd"))
+    args = ap.parse_args()
+    if args.only != "bwd":
+        if not args.no_check:
+            check()
+        bench({64: [(64, 128, 3), (64, 128, 2), (64, 128, 4), (64, 64, 4)],
+               128: [(64, 128, 2), (64, 64, 3), (64, 64, 4)]})
+    if args.only != "fwd":
+        if not args.no_check:
+            check_bwd()
+        bench_bwd({64: [(64, 128, 2), (64, 128, 3), (64, 128, 4)], 128: [(64, 128, 2), (64, 128, 3)]})
