@@ -338,7 +338,7 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None):
 
 # (BLOCK_M query rows per tile, BLOCK_N keys per program = 2 consumer warpgroups, NUM_STAGES) of the Gluon sm90
 # dk/dv backward per head dim
-_SM90_BWD_CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
+_SM90_BWD_CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}  # the fastest at S1..S4 (docs/benchmarks.md, session 10)
 
 
 def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None):
