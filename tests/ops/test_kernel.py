@@ -458,6 +458,12 @@ def test_kernels_compile_for_sm90(tmp_path):
         shared = int(re.search(r"ok \((\d+) bytes shared", line).group(1))
         d = int(re.search(r"'HEAD_DIM': (\d+)", line).group(1))
         assert shared >= 2 * 2 * 128 * d * 2 + 128 * d * 2, line
+    for line in (ln for ln in r.stdout.splitlines() if "fox_bwd_dkdv_sm90_kernel" in ln):
+        # K and V of the 128-key block plus the stages of Q and dO tiles, within sm90's limit
+        shared = int(re.search(r"ok \((\d+) bytes shared", line).group(1))
+        d, bm = (int(re.search(rf"'{key}': (\d+)", line).group(1)) for key in ("HEAD_DIM", "BLOCK_M"))
+        stages = int(re.search(r"stages (\d+)", line).group(1))
+        assert shared >= 2 * 128 * d * 2 + stages * 2 * bm * d * 2, line
     fwd = next(line for line in r.stdout.splitlines() if "_attn_fwd_kernel" in line and "'HAS_START': False" in line)
     shared, regs = (int(x) for x in re.search(r"ok \((\d+) bytes shared, (\d+) registers", fwd).groups())
     # the pipelined forward keeps 3 stages of K and V tiles (64 x 64 bf16 each) in shared memory; without the
