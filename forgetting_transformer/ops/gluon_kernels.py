@@ -1,4 +1,7 @@
-"""Hopper (sm90) forward of Forgetting Attention in Gluon, triton's explicit-layout dialect: warp-specialised.
+"""Hopper (sm90) kernels of Forgetting Attention in Gluon, triton's explicit-layout dialect: warp-specialised.
+
+The forward (``fox_fwd_sm90_kernel``) and, below it, the dk/dv half of the backward
+(``fox_bwd_dkdv_sm90_kernel``: its own docstrings; docs/kernel.md). The forward:
 
 One program per (query block of 2 * BLOCK_M rows, batch*head), heaviest blocks first, with the numerics of
 ``triton_kernels._attn_fwd_kernel`` (block-local log f prefix sums, base-2 online softmax, the same o and
@@ -10,7 +13,8 @@ log-sum-exp), in three partitions:
     has read it. They synchronise only through those barriers, so one warpgroup's softmax overlaps the other's
     MMAs (the ping-pong FlashAttention-3 schedules explicitly);
   * each consumer loads the next key block's log f prefix sums one tile ahead (off the critical path).
-Dense causal attention only (no documents, padding or ACP); ``forgetting_attention._use_sm90`` decides.
+Dense causal attention only (no documents, padding or ACP), both kernels; ``forgetting_attention._use_sm90``
+decides.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
