@@ -101,6 +101,7 @@ def ptxas_usage(kernel, arch):
     st, ld = (int(x) for x in re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out).groups())
     return regs, st, ld
 
+
 def compile_gluon(fn, consts, types, aligned, arch=90):
     """A Gluon sm90 kernel as its launcher (``forgetting_attention._fwd_launch_sm90`` / ``_bwd_dkdv_sm90``)
     launches it: bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
@@ -139,9 +140,9 @@ def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, arch=90):
 
 def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, arch=90):
     """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``)."""
-    from forgetting_transformer.ops import gluon_kernels as gk
-
     from triton.experimental.gluon import language as gl
+
+    from forgetting_transformer.ops import gluon_kernels as gk
 
     vec = f"tensordesc<fp32[{block_m}],{gl.NVMMASharedLayout.get_default_for([block_m], gl.float32)!r}>"
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),

@@ -290,7 +290,10 @@ def _sm90_maxnreg(num_warps):
 _SM90_HEAD_DIMS = (128,)  # where the Gluon forward beats the Triton one on an H200 (docs/benchmarks.md, session 9)
 
 
-_SM90_BWD_HEAD_DIMS = (64, 128)  # where the Gluon dk/dv kernel runs
+# (BLOCK_M query rows per tile, BLOCK_N keys per program = 2 consumer warpgroups, NUM_STAGES) of the Gluon sm90
+# dk/dv backward per head dim, the fastest at S1..S4 (docs/benchmarks.md, session 10); it runs at every head dim
+# listed (1.15-1.21x the Triton dk/dv kernel there)
+_SM90_BWD_CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
 
 
 def _use_sm90(q, k, v, head_dims=_SM90_HEAD_DIMS, *more):
@@ -304,41 +307,39 @@ def _use_sm90(q, k, v, head_dims=_SM90_HEAD_DIMS, *more):
             and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
-def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None):
-    """The dense causal forward by the warp-specialised Gluon kernel (``gluon_kernels``; Hopper only): the same
-    (o, lse) as ``_fwd_launch``."""
+def _tma_desc(t, block):
+    """TMA descriptor over the (B*T, heads*D) view of a contiguous 16-bit (B, T, heads, D) tensor, blocks of
+    [block, D] (the Gluon kernels' Q / K / V / dO tiles)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    B, T, heads, D = t.shape
+    layout = gl.NVMMASharedLayout.get_default_for([block, D], {torch.bfloat16: gl.bfloat16,
+                                                               torch.float16: gl.float16}[t.dtype])
+    return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D], layout)
+
+
+def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None):
+    """The dense causal forward by the warp-specialised Gluon kernel (``gluon_kernels``; Hopper only): the same
+    (o, lse) as ``_fwd_launch``."""
     from . import gluon_kernels as gk
 
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     bm, bn, stages = config or _SM90_CONFIGS[D]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
-
-    def desc(t, T, heads, block):  # TMA descriptor over the (B*T, heads*D) view, blocks of [block, D]
-        layout = gl.NVMMASharedLayout.get_default_for([block, D], gdt)
-        return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D], layout)
-
     o = torch.empty_like(q)
     lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
     if Tq == 0:
         return o, lse
     pk, _ = _block_prefix(lf, Tq, query_side=False)
     gk.fox_fwd_sm90_kernel[(B * H, _cdiv(Tq, 2 * bm))](
-        desc(q, Tq, H, 2 * bm), desc(k, Tk, Hkv, bn), desc(v, Tk, Hkv, bn), lf, pk, o, lse,
+        _tma_desc(q, 2 * bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse,
         lf.stride(0), lf.stride(1), lf.stride(2), o.stride(0), o.stride(1), o.stride(2), *pk.stride()[:2],
         H, H // Hkv, Tq, Tk, sm_scale,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, NUM_STAGES=stages,
         num_warps=4, maxnreg=_sm90_maxnreg(8))
     return o, lse
-
-
-# (BLOCK_M query rows per tile, BLOCK_N keys per program = 2 consumer warpgroups, NUM_STAGES) of the Gluon sm90
-# dk/dv backward per head dim
-_SM90_BWD_CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}  # the fastest at S1..S4 (docs/benchmarks.md, session 10)
 
 
 def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None):
@@ -353,12 +354,6 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None):
     Tk, Hkv = k.shape[1], k.shape[2]
     bm, bn, stages = config or _SM90_BWD_CONFIGS[D]
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
-    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[q.dtype]
-
-    def desc(t, T, heads, block):  # TMA descriptor over the (B*T, heads*D) view, blocks of [block, D]
-        layout = gl.NVMMASharedLayout.get_default_for([block, D], gdt)
-        return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D], layout)
-
     svr = _cdiv(Tq, 4) * 4  # a TMA copy starts at a 16-byte boundary: rows of LSE and delta padded to 4 floats
 
     def vec(t, rows=True):  # 1-D TMA descriptor over a flat fp32 buffer, blocks of bm (a query tile's rows)
@@ -373,7 +368,7 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None):
     dv = torch.empty_like(v)
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
     gk.fox_bwd_dkdv_sm90_kernel[(B * Hkv, _cdiv(Tk, bn))](
-        desc(q, Tq, H, bm), desc(do, Tq, H, bm), desc(k, Tk, Hkv, bn), desc(v, Tk, Hkv, bn),
+        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, bn), _tma_desc(v, bn),
         vec(pq, rows=False), vec(lse), vec(delta), lf, pq, dk, dv, dcol, lf.stride(0), lf.stride(1), lf.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr, H, H // Hkv, Tq, Tk, sm_scale,
         NUM_STAGES=stages, num_warps=4, maxnreg=_sm90_maxnreg(8))
@@ -389,7 +384,7 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
     pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
     dq, drow, delta = _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables)
-    if kstart is None and kend is None and acp_tables is None and _use_sm90(q, k, v, _SM90_BWD_HEAD_DIMS, do):
+    if kstart is None and kend is None and acp_tables is None and _use_sm90(q, k, v, _SM90_BWD_CONFIGS, do):
         dk, dv, dcol = _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale)
     else:
         dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables)
