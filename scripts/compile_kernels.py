@@ -127,18 +127,19 @@ def _desc(rows, head_dim):
     return f"tensordesc<bf16[{rows},{head_dim}],{layout!r}>"
 
 
-def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, arch=90):
-    """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``)."""
+def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, has_acp, arch=90):
+    """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``), dense or with ACP."""
     from forgetting_transformer.ops import gluon_kernels as gk
 
     types = dict(q_desc=_desc(2 * block_m, head_dim), k_desc=_desc(block_n, head_dim),
-                 v_desc=_desc(block_n, head_dim), LF=F32, PK=F32, O=BF16, LSE=F32, sm_scale="fp32")
-    return compile_gluon(gk.fox_fwd_sm90_kernel,
-                         dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages), types,
-                         ("LF", "PK", "O", "LSE", "slb", "sob", "sot", "soh", "spp", "spr"), arch)
+                 v_desc=_desc(block_n, head_dim), LF=F32, PK=F32, O=BF16, LSE=F32, LO=I32 if has_acp else F32,
+                 sm_scale="fp32")
+    consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages)
+    return compile_gluon(gk.fox_fwd_sm90_kernel, consts, types,
+                         ("LF", "PK", "O", "LSE", "LO", "slb", "sob", "sot", "soh", "spp", "spr"), arch)
 
 
-def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, arch=90):
+def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, has_acp, arch=90):
     """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``)."""
     from triton.experimental.gluon import language as gl
 
@@ -147,9 +148,10 @@ def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, arch=90):
     vec = f"tensordesc<fp32[{block_m}],{gl.NVMMASharedLayout.get_default_for([block_m], gl.float32)!r}>"
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),
                  v_desc=_desc(block_n, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, LF=F32, PQ=F32, DK=BF16,
-                 DV=BF16, DCOL=F32, sm_scale="fp32")
+                 DV=BF16, DCOL=F32, HI=I32 if has_acp else F32, sm_scale="fp32")
     return compile_gluon(gk.fox_bwd_dkdv_sm90_kernel, dict(NUM_STAGES=num_stages), types,
-                         ("LF", "PQ", "DK", "DV", "DCOL", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"), arch)
+                         ("LF", "PQ", "DK", "DV", "DCOL", "HI", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
+                         arch)
 
 
 def main():
@@ -169,12 +171,11 @@ def main():
         todo = [(name, consts, w, s, lambda n=name, c=consts, w=w, s=s: compile_one(getattr(tk, n), c, arch, w, s))
                 for name, consts, w, s in cases(args.quick)]
         if arch >= 90:  # the Gluon kernels: Hopper only
-            todo += [("fox_fwd_sm90_kernel", dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn), 4, st,
-                      lambda D=D, bm=bm, bn=bn, st=st: compile_gluon_fwd(D, bm, bn, st, arch))
-                     for D, (bm, bn, st) in sorted(_SM90_CONFIGS.items())]
-            todo += [("fox_bwd_dkdv_sm90_kernel", dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn), 4, st,
-                      lambda D=D, bm=bm, bn=bn, st=st: compile_gluon_bwd(D, bm, bn, st, arch))
-                     for D, (bm, bn, st) in sorted(_SM90_BWD_CONFIGS.items())]
+            for kind, configs, fn in (("fox_fwd_sm90_kernel", _SM90_CONFIGS, compile_gluon_fwd),
+                                      ("fox_bwd_dkdv_sm90_kernel", _SM90_BWD_CONFIGS, compile_gluon_bwd)):
+                todo += [(kind, dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, HAS_ACP=acp), 4, st,
+                          lambda D=D, bm=bm, bn=bn, st=st, acp=acp, fn=fn: fn(D, bm, bn, st, acp, arch))
+                         for D, (bm, bn, st) in sorted(configs.items()) for acp in (False, True)]
         for name, consts, w, s, compile_fn in todo:
             if arch < 90 and consts.get("HEAD_DIM") == 80:
                 continue  # one head dim is enough to show the pre-Hopper path compiles

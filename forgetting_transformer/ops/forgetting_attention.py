@@ -297,10 +297,10 @@ _SM90_BWD_CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
 
 
 def _use_sm90(q, k, v, head_dims=_SM90_HEAD_DIMS, *more):
-    """Whether a dense causal pass (no documents, padding or ACP: checked by the caller) runs a Gluon kernel: a
-    Hopper GPU (compute capability 9.x), 16-bit inputs, a head dim in ``head_dims``, TMA's 16-byte-aligned bases
-    (of q, k, v and ``more``), and ``FOX_GLUON`` not "0". The Gluon and Triton kernels compute the same outputs
-    (tested)."""
+    """Whether a causal pass without documents or padding (checked by the caller; dense or with ACP) runs a Gluon
+    kernel: a Hopper GPU (compute capability 9.x), 16-bit inputs, a head dim in ``head_dims``, TMA's 16-byte-aligned
+    bases (of q, k, v and ``more``), and ``FOX_GLUON`` not "0". The Gluon and Triton kernels compute the same
+    outputs (tested)."""
     return (q.is_cuda and not _interpreting() and os.environ.get("FOX_GLUON", "1") != "0"
             and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in head_dims
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v, *more))
@@ -319,9 +319,9 @@ def _tma_desc(t, block):
     return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D], layout)
 
 
-def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None):
-    """The dense causal forward by the warp-specialised Gluon kernel (``gluon_kernels``; Hopper only): the same
-    (o, lse) as ``_fwd_launch``."""
+def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
+    """The causal forward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
+    (``gluon_kernels``; Hopper only): the same (o, lse) as ``_fwd_launch``."""
     from . import gluon_kernels as gk
 
     B, Tq, H, D = q.shape
@@ -333,18 +333,19 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None):
     if Tq == 0:
         return o, lse
     pk, _ = _block_prefix(lf, Tq, query_side=False)
+    lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
     gk.fox_fwd_sm90_kernel[(B * H, _cdiv(Tq, 2 * bm))](
-        _tma_desc(q, 2 * bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse,
+        _tma_desc(q, 2 * bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse, lo,
         lf.stride(0), lf.stride(1), lf.stride(2), o.stride(0), o.stride(1), o.stride(2), *pk.stride()[:2],
-        H, H // Hkv, Tq, Tk, sm_scale,
+        *_acp_args(acp_tables, max(16, _next_pow2(D)), rows_only=True), H, H // Hkv, Tq, Tk, sm_scale,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, NUM_STAGES=stages,
         num_warps=4, maxnreg=_sm90_maxnreg(8))
     return o, lse
 
 
-def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None):
-    """The dense dk/dv backward by the warp-specialised Gluon kernel (``gluon_kernels``; Hopper only): the same
-    (dk, dv, dcol) as ``_bwd_dkdv``."""
+def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_tables=None):
+    """The dk/dv backward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
+    (``gluon_kernels``; Hopper only): the same (dk, dv, dcol) as ``_bwd_dkdv``."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -369,8 +370,10 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None):
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
     gk.fox_bwd_dkdv_sm90_kernel[(B * Hkv, _cdiv(Tk, bn))](
         _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, bn), _tma_desc(v, bn),
-        vec(pq, rows=False), vec(lse), vec(delta), lf, pq, dk, dv, dcol, lf.stride(0), lf.stride(1), lf.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr, H, H // Hkv, Tq, Tk, sm_scale,
+        vec(pq, rows=False), vec(lse), vec(delta), lf, pq, dk, dv, dcol,
+        dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
+        lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
+        *_acp_args(acp_tables, max(16, _next_pow2(D)))[1:], H, H // Hkv, Tq, Tk, sm_scale,
         NUM_STAGES=stages, num_warps=4, maxnreg=_sm90_maxnreg(8))
     return dk, dv, dcol
 
@@ -384,8 +387,8 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
     pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
     dq, drow, delta = _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables)
-    if kstart is None and kend is None and acp_tables is None and _use_sm90(q, k, v, _SM90_BWD_CONFIGS, do):
-        dk, dv, dcol = _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale)
+    if kstart is None and kend is None and _use_sm90(q, k, v, _SM90_BWD_CONFIGS, do):
+        dk, dv, dcol = _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, acp_tables=acp_tables)
     else:
         dk, dv, dcol = _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_tables)
     return dq, dk, dv, _bwd_dlogf(drow, dcol)
@@ -465,9 +468,10 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
 
 
 def _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
-    if kstart is None and acp_lo is None and _use_sm90(q, k, v):
-        return _fwd_launch_sm90(q, k, v, log_fgate, sm_scale)
-    return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, None if acp_lo is None else (acp_lo, acp_hi))
+    acp_tables = None if acp_lo is None else (acp_lo, acp_hi)
+    if kstart is None and _use_sm90(q, k, v):
+        return _fwd_launch_sm90(q, k, v, log_fgate, sm_scale, acp_tables=acp_tables)
+    return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, acp_tables)
 
 
 def _bwd_impl(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi):

@@ -13,8 +13,9 @@ log-sum-exp), in three partitions:
     has read it. They synchronise only through those barriers, so one warpgroup's softmax overlaps the other's
     MMAs (the ping-pong FlashAttention-3 schedules explicitly);
   * each consumer loads the next key block's log f prefix sums one tile ahead (off the critical path).
-Dense causal attention only (no documents, padding or ACP), both kernels; ``forgetting_attention._use_sm90``
-decides.
+Both kernels run causal attention, dense or with ACP (the forward reads ACP's LO table, the dk/dv kernel its HI
+table: the same pruned region as the Triton kernels); documents and left padding stay with the Triton kernels.
+``forgetting_attention._use_sm90`` decides.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -34,21 +35,38 @@ def _add(a, b):
 
 
 @gluon.jit
-def _schedule(pid_m, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Key blocks of query block ``pid_m``, walked down from the diagonal: the top block, the number of
-    causal-masked blocks, the total, and E (one past the block's last key)."""
+def _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                HAS_ACP: gl.constexpr):
+    """The lowest key (a multiple of BLOCK_N) that some row of query block ``pid_m`` keeps under ACP: the least
+    ``LO[m] * ACP_GN`` over the ACP grid's query blocks m it spans (0 without ACP; scalar loads, so the loader
+    and both consumers compute the same schedule)."""
+    lo_blk = 0
+    if HAS_ACP:
+        r0 = pid_m * BLOCK_M
+        lo_blk = Tq * 0 + 2147483647
+        for e in range(r0 // ACP_GM, (gl.minimum(r0 + BLOCK_M, Tq) - 1) // ACP_GM + 1):
+            lo_blk = gl.minimum(lo_blk, gl.load(LO + pid_bh.to(gl.int64) * ACP_NQ + e) * ACP_GN)
+        lo_blk = (lo_blk // BLOCK_N) * BLOCK_N
+    return lo_blk
+
+
+@gluon.jit
+def _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Key blocks of query block ``pid_m`` down to ``lo_blk`` (ACP), walked down from the diagonal: the top
+    block, the number of causal-masked blocks, the total, E (one past the block's last key) and the highest
+    block wholly at/below the block's first query."""
     m0 = Tk - Tq + pid_m * BLOCK_M
     E = gl.minimum(m0 + BLOCK_M, Tk)
     n_top = ((E - 1) // BLOCK_N) * BLOCK_N
-    n_um = ((m0 + 1) // BLOCK_N) * BLOCK_N - BLOCK_N  # highest block wholly at/below the first query
-    n_masked = (n_top - gl.maximum(n_um, -BLOCK_N)) // BLOCK_N
-    n_clean = gl.maximum(n_um // BLOCK_N + 1, 0)
-    return n_top, n_masked, n_masked + n_clean, E
+    n_um = ((m0 + 1) // BLOCK_N) * BLOCK_N - BLOCK_N
+    n_masked = (n_top - gl.maximum(n_um, lo_blk - BLOCK_N)) // BLOCK_N
+    return n_top, n_masked, (n_top - lo_blk) // BLOCK_N + 1, E, n_um
 
 
 @gluon.jit
 def _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-              H, GROUP, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
+              LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD_DIM: gl.constexpr, HAS_ACP: gl.constexpr):
     """Loader partition: Q once, then K and V of each key block into stage i % NUM_STAGES, each on its own
     barrier so Q K^T can start before V has arrived."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
@@ -56,7 +74,8 @@ def _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    n_top, n_masked, n_total, E = _schedule(pid_m, Tq, Tk, BLOCK_M, BLOCK_N)
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_M, BLOCK_N, HAS_ACP)
+    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M, BLOCK_N)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_DIM], q_bar, q_smem)
     col = (h // GROUP) * HEAD_DIM
@@ -83,8 +102,9 @@ def _prefix_row(PK_base, n0, E, offs_n, BLOCK_N: gl.constexpr):
 
 @gluon.jit
 def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
-              v_empty, PK_base, rq2, pos_q, offs_n, qk_scale,
-              s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr, CAUSAL: gl.constexpr):
+              v_empty, PK_base, rq2, pos_q, kstart, offs_n, qk_scale,
+              s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr, CAUSAL: gl.constexpr,
+              START: gl.constexpr):
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
@@ -105,6 +125,8 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
     s = s * qk_scale + (gl.expand_dims(dk2, 0) - gl.expand_dims(rq2, 1))
     if CAUSAL:
         s = gl.where(gl.expand_dims(pos_k, 0) <= gl.expand_dims(pos_q, 1), s, float("-inf"))
+    if START:  # keys before the row's ACP bound
+        s = gl.where(gl.expand_dims(pos_k, 0) >= gl.expand_dims(kstart, 1), s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s - gl.expand_dims(m_safe, 1))
@@ -122,10 +144,14 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
 
 @gluon.jit
 def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                 LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, Tq, Tk, sm_scale,
-                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr):
+                 LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
+                 sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr,
+                 HAS_ACP: gl.constexpr):
     """One consumer warpgroup: the FlashAttention-2 loop of ``_attn_fwd_kernel`` for rows WG*BLOCK_M ..
-    of the program's 2*BLOCK_M-row query block (``q_smem``: this warpgroup's rows)."""
+    of the program's 2*BLOCK_M-row query block (``q_smem``: this warpgroup's rows). Key blocks in descending
+    order: the causal diagonal ones, the clean ones, then (ACP) those that straddle some row's bound
+    ``LO[row // ACP_GM] * ACP_GN``; the last group can differ between the two warpgroups, the total cannot
+    (they consume one ring of stages)."""
     num_warps: gl.constexpr = 4
     gl.static_assert(BLOCK_N == 16 or BLOCK_N == 32 or BLOCK_N == 64 or BLOCK_N == 128)
     PLANE: gl.constexpr = (BLOCK_N >= 32) + (BLOCK_N >= 64) + (BLOCK_N >= 128)  # PK's plane for blocks of BLOCK_N
@@ -140,11 +166,18 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    n_top, n_masked, n_total, E = _schedule(pid_m, Tq, Tk, 2 * BLOCK_M, BLOCK_N)
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, 2 * BLOCK_M, BLOCK_N, HAS_ACP)
+    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, 2 * BLOCK_M, BLOCK_N)
     m_start = pid_m * 2 * BLOCK_M + WG * BLOCK_M
     offs_m = m_start + gl.arange(0, BLOCK_M, layout=row_s)
     row_ok = offs_m < Tq
     pos_q = Tk - Tq + offs_m
+    kstart = gl.zeros([BLOCK_M], gl.int32, row_s)  # each row's first kept key (ACP)
+    n_clean = gl.maximum(n_um // BLOCK_N + 1, 0)
+    if HAS_ACP:
+        kstart = gl.load(LO + pid_bh.to(gl.int64) * ACP_NQ + offs_m // ACP_GM, mask=row_ok, other=0) * ACP_GN
+        n_clean_lo = ((gl.max(kstart, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N  # blocks at/above: no mask
+        n_clean = gl.maximum((n_um - gl.maximum(n_clean_lo, lo_blk)) // BLOCK_N + 1, 0)
     # query part of the decay, sum_{t=i+1}^{E-1} log f_t (the scan runs in a blocked layout: scans of
     # wgmma-layout slices are not supported)
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
@@ -168,12 +201,17 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     mbarrier.wait(q_bar, 0)
     for i in range(0, n_masked):
         acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                              k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, offs_n,
-                                              qk_scale, s_layout, p_layout, row_o, True)
-    for i in range(n_masked, n_total):
+                                              k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, kstart,
+                                              offs_n, qk_scale, s_layout, p_layout, row_o, True, HAS_ACP)
+    for i in range(n_masked, n_masked + n_clean):
         acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                              k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, offs_n,
-                                              qk_scale, s_layout, p_layout, row_o, False)
+                                              k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, kstart,
+                                              offs_n, qk_scale, s_layout, p_layout, row_o, False, False)
+    if HAS_ACP:  # (compiled out of the dense kernel)
+        for i in range(n_masked + n_clean, n_total):
+            acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
+                                                  k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, kstart,
+                                                  offs_n, qk_scale, s_layout, p_layout, row_o, False, True)
 
     l_ok = l_i > 0.0
     lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)), 0.0)
@@ -188,49 +226,58 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     gl.store(O_base + gl.expand_dims(om, 1) * sot + gl.expand_dims(od, 0), o, mask=gl.expand_dims(om < Tq, 1))
 
 
-# The partitions below share one signature (gl.warp_specialize passes no constexprs: the tile sizes are read
-# from the shared-memory types). q_smem holds both consumer warpgroups' rows.
+# The partitions below share one signature: gl.warp_specialize passes no constexprs (they arrive as tensors), so
+# the tile sizes are read from the shared-memory types and ACP from LO's type (int32 table, or a float dummy for
+# the dense kernel). q_smem holds both consumer warpgroups' rows.
 @gluon.jit
 def _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                    LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale,
-                    WG: gl.constexpr):
+                    LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq,
+                    Tk, sm_scale, WG: gl.constexpr):
     BLOCK_M: gl.constexpr = q_smem.type.shape[0] // 2
-    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     _fwd_compute(q_smem.slice(WG * BLOCK_M, BLOCK_M), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                 LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, Tq, Tk, sm_scale,
-                 BLOCK_M, BLOCK_N, k_bufs.type.shape[2], WG)
+                 LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
+                 sm_scale, BLOCK_M, k_bufs.type.shape[1], k_bufs.type.shape[2], WG, LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
 def _fwd_compute_wg0(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale):
+                     LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
+                     Tq, Tk, sm_scale):
     _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                    LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale, 0)
+                    LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
+                    Tq, Tk, sm_scale, 0)
 
 
 @gluon.jit
 def _fwd_compute_wg1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale):
+                     LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
+                     Tq, Tk, sm_scale):
     _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                    LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale, 1)
+                    LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
+                    Tq, Tk, sm_scale, 1)
 
 
 @gluon.jit
 def _fwd_load_all(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale):
+                  LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq,
+                  Tk, sm_scale):
     _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-              H, GROUP, Tq, Tk, q_smem.type.shape[0], k_bufs.type.shape[1], k_bufs.type.shape[2])
+              LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, q_smem.type.shape[0], k_bufs.type.shape[1],
+              k_bufs.type.shape[2], LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr,
-                        H, GROUP, Tq, Tk, sm_scale,
+def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr,
+                        ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                         NUM_STAGES: gl.constexpr):
     """grid (B*H, cdiv(Tq, 2*BLOCK_M)), heaviest query blocks first, num_warps=4: two consumer warpgroups of
     BLOCK_M rows each (the default partition and a worker) and a one-warp loader. q_desc / k_desc / v_desc:
     TMA descriptors over the (B*T, heads*D) views of contiguous q, k, v with blocks [2*BLOCK_M, D] /
-    [BLOCK_N, D]. Rows that a block reads past its batch element's end are masked (causal) or never stored."""
+    [BLOCK_N, D]. Rows that a block reads past its batch element's end are masked (causal) or never stored.
+    ACP when LO is an int32 pointer: ACP's table (B*H, ACP_NQ) on its (ACP_GM x ACP_GN) grid
+    (``_acp_tables_kernel``); each row skips the keys below ``LO[row // ACP_GM] * ACP_GN``. Dense: any fp32
+    pointer."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
@@ -246,7 +293,8 @@ def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, slb, slt, slh, s
         mbarrier.init(k_empty.index(s), count=2)  # one arrive per consumer warpgroup
         mbarrier.init(v_empty.index(s), count=2)
     args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-            LF, PK, O, LSE, slb, slt, slh, sob, sot, soh, spp, spr, H, GROUP, Tq, Tk, sm_scale)
+            LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
+            sm_scale)
     gl.warp_specialize([(_fwd_compute_wg0, args), (_fwd_compute_wg1, args), (_fwd_load_all, args)], [4, 1],
                        [240, 24])
 
@@ -271,9 +319,20 @@ def _bwd_schedule(n0, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _bwd_acp_end(HI, bh, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HAS_ACP: gl.constexpr):
+    """One past the last query tile that sees key block ``n_blk`` of (b, h) ``bh``: ``mb_end``, or under ACP
+    the tile holding the last query block ``HI`` keeps for the block's last key (HI grows with the key)."""
+    if HAS_ACP:
+        hi_last = gl.load(HI + bh.to(gl.int64) * ACP_NK + (gl.minimum(n_blk + BLOCK_N, Tk) - 1) // ACP_GN)
+        mb_end = gl.maximum(gl.minimum(mb_end, ((hi_last + 1) * ACP_GM + BLOCK_M - 1) // BLOCK_M), mb_first)
+    return mb_end
+
+
+@gluon.jit
 def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
-              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, H, GROUP, Tq, Tk, spp, spr,
-              svr):
+              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, HI, H, GROUP, Tq, Tk, spp,
+              spr, svr, ACP_NK, ACP_GM, ACP_GN, HAS_ACP: gl.constexpr):
     """Loader partition: this program's K and V block once, then for each query tile (of each query head of the
     kv head) Q with the tile's rows of PQ (block-local log f prefix sums), LSE and delta on one barrier and dO
     on another, into stage i % NUM_STAGES, so K Q^T can start before dO lands."""
@@ -290,31 +349,37 @@ def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_buf
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [b * Tk + n0, hk * HEAD_DIM], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b * Tk + n0, hk * HEAD_DIM], kv_bar, v_smem)
-    n_tiles = mb_end - mb_first
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + 3 * cq_desc.block_type.nbytes
-    for i in range(GROUP * n_tiles):
-        st = i % NUM_STAGES
-        ph = (i // NUM_STAGES) & 1
-        h = hk * GROUP + i // n_tiles
-        r0 = (mb_first + i % n_tiles) * BLOCK_M
-        mbarrier.wait(q_empty.index(st), ph ^ 1)  # fresh barriers count as a completed phase 1
-        bar = q_ready.index(st)
-        mbarrier.expect(bar, q_bytes)
-        tma.async_copy_global_to_shared(q_desc, [b * Tq + r0, h * HEAD_DIM], bar, q_bufs.index(st))
-        tma.async_copy_global_to_shared(cq_desc, [PLANE * spp + (b * H + h) * spr + r0], bar, cq_bufs.index(st))
-        tma.async_copy_global_to_shared(lse_desc, [(b * H + h) * svr + r0], bar, lse_bufs.index(st))
-        tma.async_copy_global_to_shared(dl_desc, [(b * H + h) * svr + r0], bar, dl_bufs.index(st))
-        mbarrier.wait(do_empty.index(st), ph ^ 1)
-        mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [b * Tq + r0, h * HEAD_DIM], do_ready.index(st), do_bufs.index(st))
+    i = mb_first * 0  # stage counter over all heads' tiles
+    for gi in range(GROUP):
+        h = hk * GROUP + gi
+        mb_end_h = _bwd_acp_end(HI, b * H + h, n0, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M,
+                                BLOCK_N, HAS_ACP)
+        for mb in range(mb_first, mb_end_h):
+            st = i % NUM_STAGES
+            ph = (i // NUM_STAGES) & 1
+            r0 = mb * BLOCK_M
+            mbarrier.wait(q_empty.index(st), ph ^ 1)  # fresh barriers count as a completed phase 1
+            bar = q_ready.index(st)
+            mbarrier.expect(bar, q_bytes)
+            tma.async_copy_global_to_shared(q_desc, [b * Tq + r0, h * HEAD_DIM], bar, q_bufs.index(st))
+            tma.async_copy_global_to_shared(cq_desc, [PLANE * spp + (b * H + h) * spr + r0], bar, cq_bufs.index(st))
+            tma.async_copy_global_to_shared(lse_desc, [(b * H + h) * svr + r0], bar, lse_bufs.index(st))
+            tma.async_copy_global_to_shared(dl_desc, [(b * H + h) * svr + r0], bar, dl_bufs.index(st))
+            mbarrier.wait(do_empty.index(st), ph ^ 1)
+            mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [b * Tq + r0, h * HEAD_DIM], do_ready.index(st),
+                                            do_bufs.index(st))
+            i += 1
 
 
 @gluon.jit
 def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
-              do_ready, q_empty, do_empty, ck2, pos_k, PQ_base, offs_m, qk_scale,
-              s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr):
+              do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+              s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr, ACP: gl.constexpr):
     """One query tile of ``triton_kernels._attn_bwd_dkdv_inner`` (keys on rows: S^T = K Q^T, so P^T and dS^T are
-    the register A operands of the dv and dk products)."""
+    the register A operands of the dv and dk products). ``MASK``: causal and rows past Tq, plus (``ACP``) the
+    rows at/after each key's ``khi``."""
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     KEYS: gl.constexpr = k_s.type.shape[0]
@@ -340,6 +405,8 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     sT = sT * qk_scale + (gl.expand_dims(dq2, 0) - gl.expand_dims(ck2, 1))
     if MASK:  # causal, and the rows past Tq of a partial last tile (TMA read them from the next sequence)
         ok = (gl.expand_dims(pos_k, 1) <= gl.expand_dims(m0 + offs_m, 0)) & gl.expand_dims(row_ok, 0)
+        if ACP:
+            ok = ok & (gl.expand_dims(rows, 0) < gl.expand_dims(khi, 1))
         sT = gl.where(ok, sT, float("-inf"))
     pT = gl.exp2(sT)
     pT16 = gl.convert_layout(pT.to(do_s.dtype), a_layout)
@@ -357,10 +424,14 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
 
 @gluon.jit
 def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready, do_ready, q_empty,
-                 do_empty, LF, PQ, DK, DV, DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk,
-                 sm_scale, WG: gl.constexpr):
+                 do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM,
+                 ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG: gl.constexpr, HAS_ACP: gl.constexpr):
     """One consumer warpgroup: keys WG*KEYS .. of the program's key block (``k_s`` / ``v_s``: this warpgroup's
-    rows), the loop of ``triton_kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head."""
+    rows), the loop of ``triton_kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head: the
+    causal diagonal tiles, the clean ones, then those with rows past Tq or (ACP) rows that some of the keys do
+    not reach. Under ACP key j reaches rows below ``(HI[j // ACP_GN] + 1) * ACP_GM`` (the region the LO table
+    leaves to the forward: LO grows with the query block); the last tile is the program's (both warpgroups
+    consume one ring of stages)."""
     num_warps: gl.constexpr = 4
     KEYS: gl.constexpr = k_s.type.shape[0]
     HEAD_DIM: gl.constexpr = k_s.type.shape[1]
@@ -387,7 +458,7 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     m0f = off + mb_first * BLOCK_M
     lo_p = gl.minimum(n0, m0f)
     hi_p = gl.maximum(n0, m0f)
-    n_tiles = mb_end - mb_first
+    base = mb_first * 0  # stage counter at the head's first tile
 
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
@@ -407,25 +478,31 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
             acc_c = -acc_c
         PQ_base = PQ + PLANE * spp.to(gl.int64) + bh.to(gl.int64) * spr
         colsum = gl.zeros([KEYS], gl.float32, gl.SliceLayout(1, s_layout))
-        i0 = gi * n_tiles - mb_first
-        for mb in range(mb_first, mb_mid):
+        khi = gl.zeros([KEYS], gl.int32, gl.SliceLayout(1, s_layout))
+        mb_end_h = _bwd_acp_end(HI, bh, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M, 2 * KEYS,
+                                HAS_ACP)
+        mb_mid_h = gl.minimum(mb_mid, mb_end_h)
+        mb_clean_h = gl.minimum(mb_clean, mb_end_h)
+        if HAS_ACP:  # rows at/after khi[j] do not see key j; tiles from the first such row on are masked
+            khi = (gl.load(HI + bh.to(gl.int64) * ACP_NK + pos_k // ACP_GN, mask=pos_k < Tk, other=Tq) + 1) * ACP_GM
+            mb_clean_h = gl.maximum(gl.minimum(mb_clean_h, gl.min(khi, 0) // BLOCK_M), mb_mid_h)
+        i0 = base - mb_first
+        for mb in range(mb_first, mb_mid_h):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, PQ_base, offs_m, qk_scale, s_layout,
-                                              a_layout,
-                                              True)
-        for mb in range(mb_mid, mb_clean):
+                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                              s_layout, a_layout, True, HAS_ACP)
+        for mb in range(mb_mid_h, mb_clean_h):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, PQ_base, offs_m, qk_scale, s_layout,
-                                              a_layout,
-                                              False)
-        for mb in range(mb_clean, mb_end):
+                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                              s_layout, a_layout, False, False)
+        for mb in range(mb_clean_h, mb_end_h):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, PQ_base, offs_m, qk_scale, s_layout,
-                                              a_layout,
-                                              True)
+                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                              s_layout, a_layout, True, HAS_ACP)
+        base += mb_end_h - mb_first
         # DCOL is (B, Tk, H) contiguous
         gl.store(DCOL + (b.to(gl.int64) * Tk + pos_k) * H + h, colsum, mask=pos_k < Tk)
 
@@ -440,55 +517,58 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     gl.store(DV + base + offs, gl.convert_layout(dv.to(DV.dtype.element_ty), out_layout), mask=ok)
 
 
-# The partitions below share one signature (see the forward's); k_smem / v_smem hold both warpgroups' keys.
+# The partitions below share one signature (see the forward's: ACP when HI is an int32 pointer); k_smem / v_smem
+# hold both warpgroups' keys.
 @gluon.jit
-def _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
-                    dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL,
-                    slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, WG: gl.constexpr):
+def _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
+                    k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt,
+                    slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG: gl.constexpr):
     KEYS: gl.constexpr = k_smem.type.shape[0] // 2
     _bwd_compute(k_smem.slice(WG * KEYS, KEYS), v_smem.slice(WG * KEYS, KEYS), q_bufs, do_bufs, cq_bufs, lse_bufs,
-                 dl_bufs, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, slb, slt, slh,
-                 sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, WG)
+                 dl_bufs, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh,
+                 sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG,
+                 HI.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def _bwd_compute_wg0(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
-                     lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV,
-                     DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
-    _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
-                    lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV,
-                    DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, 0)
+def _bwd_compute_wg0(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
+                    k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt,
+                    slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
+    _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
+                    k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt,
+                    slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, 0)
 
 
 @gluon.jit
-def _bwd_compute_wg1(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
-                     lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV,
-                     DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
-    _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
-                    lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV,
-                    DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, 1)
+def _bwd_compute_wg1(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
+                    k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt,
+                    slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
+    _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
+                    k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt,
+                    slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, 1)
 
 
 @gluon.jit
-def _bwd_load_all(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
-                  dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL,
-                  slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
+def _bwd_load_all(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
+                    k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt,
+                    slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
     _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
-              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, H, GROUP, Tq, Tk, spp, spr,
-              svr)
+              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, HI, H, GROUP, Tq, Tk, spp, spr,
+              svr, ACP_NK, ACP_GM, ACP_GN, HI.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, LF, PQ, DK, DV, DCOL,
-                             slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale,
-                             NUM_STAGES: gl.constexpr):
+def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, LF, PQ, DK, DV, DCOL, HI,
+                             slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
+                             sm_scale, NUM_STAGES: gl.constexpr):
     """grid (B*Hkv, cdiv(Tk, BLOCK_N)), heaviest (first) key blocks first, num_warps=4: two consumer warpgroups
     of BLOCK_N / 2 keys each (the default partition and a worker) and a one-warp loader. q_desc / do_desc: TMA
     descriptors over the (B*Tq, H*D) views of contiguous q and do, blocks [BLOCK_M, D]; k_desc / v_desc: over
     (B*Tk, Hkv*D), blocks [BLOCK_N, D]; cq_desc / lse_desc / dl_desc: 1-D, blocks [BLOCK_M], over the flat PQ
     (``_block_prefix_kernel``), the forward's LSE and the dq kernel's delta (both (B*H, svr): rows padded to a
     multiple of 4, since a TMA copy must start at a 16-byte boundary). Writes dk (times sm_scale), dv and DCOL
-    (B, Tk, H), the column sums of dS."""
+    (B, Tk, H), the column sums of dS. ACP when HI is an int32 pointer: ACP's table (B*H, ACP_NK) on its
+    (ACP_GM x ACP_GN) grid, the last query block that sees each key block (dense: any fp32 pointer)."""
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     cq_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
@@ -508,7 +588,7 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
         mbarrier.init(q_empty.index(s), count=2)  # one arrive per consumer warpgroup
         mbarrier.init(do_empty.index(s), count=2)
     args = (q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
-            k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL,
-            slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale)
+            k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
+            slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale)
     gl.warp_specialize([(_bwd_compute_wg0, args), (_bwd_compute_wg1, args), (_bwd_load_all, args)], [4, 1],
                        [240, 24])

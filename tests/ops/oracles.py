@@ -14,8 +14,8 @@ def acp_masked_ref(q, k, v, lf, delta, GM, GN, seq_start=None):
     kk = k.repeat_interleave(H // k.shape[2], dim=2)
     vv = v.repeat_interleave(H // k.shape[2], dim=2)
     c = torch.cumsum(lf, 1).transpose(1, 2)  # (B, H, Tk)
-    r = torch.arange(Tq)
-    j = torch.arange(Tk)
+    r = torch.arange(Tq, device=q.device)
+    j = torch.arange(Tk, device=q.device)
     m0 = off + (r // GM) * GM
     e = torch.clamp((j // GN) * GN + GN - 1, max=Tk - 1)
     pruned = (c[..., m0][..., :, None] - c[..., e][..., None, :]) < delta[..., None, None]  # (B, H, Tq, Tk)
@@ -25,4 +25,5 @@ def acp_masked_ref(q, k, v, lf, delta, GM, GN, seq_start=None):
         visible = visible & (j >= seq_start[:, None, None, None])
     s = torch.einsum("bihd,bjhd->bhij", q, kk) / math.sqrt(D) + c[..., off:, None] - c[..., None, :]
     p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1).nan_to_num(0.0)  # rows with no key: 0
+    p = p.to(vv.dtype)  # 16-bit v (with fp32 log f): P V in v's dtype, as in the kernels
     return torch.einsum("bhij,bjhd->bihd", p, vv)

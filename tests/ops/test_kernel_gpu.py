@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from forgetting_transformer.ops import forgetting_attention, forgetting_attention_ref
+from oracles import acp_masked_ref
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 
@@ -288,9 +289,62 @@ def test_gluon_dkdv(B, Tq, Tk, H, Hkv, D, dtype, config):
 
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels need a Hopper GPU (compute capability 9.x)")
+@pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D,grid", [
+    (1, 4096, 4096, 4, 2, 128, None),        # ACP's own grid (64 x 64 on the GPU), GQA
+    (2, 1000, 1000, 4, 2, 64, None),         # partial last tiles, rows past the batch
+    (1, 300, 1111, 4, 1, 128, None),         # Tq < Tk, MQA
+    (1, 2048, 2048, 2, 2, 64, (16, 16)),     # a grid finer than every tile: per-row / per-key bounds
+    (1, 2048, 2048, 2, 1, 128, (128, 256)),  # a grid coarser than the tiles
+])
+def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
+    """ACP in the Gluon forward and dk/dv kernels: o, dk, dv and d log f equal those of float64 attention with
+    exactly ACP's pruned tiles masked out (``acp_masked_ref``) as closely as the Triton kernels' with the same
+    tables, within the issue's bounds or 3x the error of the same masked attention in bf16 PyTorch (with these
+    local gates both kernels' dk errors are 1.9-2.5x PyTorch's: FlashAttention's delta = rowsum(o * dO) is formed
+    from the bf16 output, autograd's from fp32 P), and the log-sum-exp equals the Triton forward's. Half the heads are local (heavy pruning), half
+    global (none)."""
+    monkeypatch.setattr(fa, "_ACP_GRID_OVERRIDE", grid)
+    q, k, v, lf = make(B, Tq, Tk, H, Hkv, D)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    lf[..., : H // 2] = F.logsigmoid(torch.randn(B, Tk, H // 2, device="cuda", generator=g) - 3.5)  # ~ -0.04
+    lf[..., H // 2:] = -1e-4
+    delta = torch.full((B, H), -6.0, device="cuda")
+    tables = fa._acp_tables(lf, delta, Tq, max(16, D))
+    sm = D ** -0.5
+    do = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).to(q.dtype)
+    GM, GN = fa._acp_grid(max(16, D))
+    # float64, and the same masked attention in PyTorch at q's dtype (log f in fp32, as the kernels take it)
+    ref, ref_lp = ({name: t for name, t in zip(("o", "dq", "dk", "dv", "dlf"), grads(
+        lambda *x: acp_masked_ref(*x, delta.to(x[3].dtype), GM, GN), xs, do.to(xs[0].dtype)))}
+        for xs in ([t.double() for t in (q, k, v, lf)], (q, k, v, lf)))
+    assert ref["o"].isfinite().all()
+
+    o, lse = fa._fwd_launch_sm90(q, k, v, lf, sm, acp_tables=tables)
+    o_t, lse_t = fa._fwd_launch(q, k, v, lf, None, sm, tables)
+    pk, pq = fa._block_prefix(lf, Tq)
+    _, drow, delta_o = fa._bwd_dq(do, q, k, v, lf, pk, o_t, lse_t, None, sm, tables)
+    ours = fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse_t, delta_o, sm, acp_tables=tables)
+    triton_ = fa._bwd_dkdv(do, q, k, v, lf, pq, lse_t, delta_o, None, None, sm, tables)
+    got = {name: dict(zip(("o", "dk", "dv", "dlf"), (oo, r[0], r[1], fa._bwd_dlogf(drow, r[2]))))
+           for name, oo, r in (("gluon", o, ours), ("triton", o_t, triton_))}
+    errs = {}
+    for name in ("o", "dk", "dv", "dlf"):
+        a = got["gluon"][name]
+        assert torch.isfinite(a).all(), name
+        errs[name] = e, e_t, e_lp = (rel(a, ref[name]), rel(got["triton"][name], ref[name]),
+                                     rel(ref_lp[name], ref[name]))
+        assert e <= max(TOL[name], 3 * e_lp) and e <= 1.1 * e_t + 1e-5, (name, e, e_t, e_lp)
+    print(f"\n[gluon ACP {B, Tq, Tk, H, Hkv, D} grid {GM}x{GN}] " + " ".join(
+        f"{n}={e:.2e}(triton {e_t:.2e}, pytorch {e_lp:.2e})" for n, (e, e_t, e_lp) in errs.items()))
+    assert (lse - lse_t).abs().max().item() < 1e-4 * max(1.0, lse_t.abs().max().item())
+    lo = tables[0].view(B, H, -1)
+    assert (lo[:, : H // 2] > 0).any() and (lo[:, H // 2:] == 0).all()  # the local heads prune, the global not
+
+
+@pytest.mark.skipif(not _hopper(), reason="the Gluon kernels need a Hopper GPU (compute capability 9.x)")
 def test_gluon_dispatch(monkeypatch):
-    """Dense calls on Hopper run the Gluon forward (D = 128) and dk/dv kernel (D = 64 and 128); ``FOX_GLUON=0``
-    turns both off, and calls with left padding keep the Triton kernels. fwd + all gradients stay within the
+    """Dense and ACP calls on Hopper run the Gluon forward (D = 128) and dk/dv kernel (D = 64 and 128);
+    ``FOX_GLUON=0`` turns both off, and calls with left padding keep the Triton kernels. fwd + all gradients stay within the
     float64 bounds either way."""
     calls = []
     for name in ("_fwd_launch_sm90", "_bwd_dkdv_sm90"):
@@ -303,6 +357,10 @@ def test_gluon_dispatch(monkeypatch):
     assert calls[2:] == ["_bwd_dkdv_sm90"]
     check(q, k, v, lf, seq_start=torch.tensor([0, 5], device="cuda"))
     assert len(calls) == 3
+    qn, kn = ((F.normalize(t.float(), dim=-1) * math.sqrt(128)).bfloat16() for t in (q, k))  # ACP runs them too
+    w = torch.ones(128, device="cuda")
+    check(qn, kn, v, lf, ours_kw=dict(adaptive_threshold="auto", qk_norm_weights=(w, w)))
+    assert calls[3:] == ["_fwd_launch_sm90", "_bwd_dkdv_sm90"]
     monkeypatch.setenv("FOX_GLUON", "0")
     check(q, k, v, lf)
-    assert len(calls) == 3
+    assert len(calls) == 5
