@@ -139,6 +139,18 @@ def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, has_acp, arch=90):
                          ("LF", "PK", "O", "LSE", "LO", "slb", "sob", "sot", "soh", "spp", "spr"), arch)
 
 
+def compile_gluon_dq(head_dim, block_m, block_n, num_stages, has_acp, arch=90):
+    """The Gluon sm90 dq backward (``gluon_kernels.fox_bwd_dq_sm90_kernel``), dense or with ACP."""
+    from forgetting_transformer.ops import gluon_kernels as gk
+
+    types = dict(q_desc=_desc(2 * block_m, head_dim), do_desc=_desc(2 * block_m, head_dim),
+                 k_desc=_desc(block_n, head_dim), v_desc=_desc(block_n, head_dim), LF=F32, PK=F32, O=BF16, LSE=F32,
+                 DELTA=F32, DQ=BF16, DROW=F32, LO=I32 if has_acp else F32, sm_scale="fp32")
+    return compile_gluon(gk.fox_bwd_dq_sm90_kernel, dict(NUM_STAGES=num_stages), types,
+                         ("LF", "PK", "O", "LSE", "DELTA", "DQ", "DROW", "LO", "slb", "sqb", "sqt", "sqh", "spp",
+                          "spr"), arch)
+
+
 def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, has_acp, arch=90):
     """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``)."""
     from triton.experimental.gluon import language as gl
@@ -164,7 +176,7 @@ def main():
         raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
     from forgetting_transformer.ops import triton_kernels as tk
 
-    from forgetting_transformer.ops.forgetting_attention import _SM90_BWD_CONFIGS, _SM90_CONFIGS
+    from forgetting_transformer.ops.forgetting_attention import _SM90_BWD_CONFIGS, _SM90_CONFIGS, _SM90_DQ_CONFIGS
 
     failed = 0
     for arch in args.arch:
@@ -172,6 +184,7 @@ def main():
                 for name, consts, w, s in cases(args.quick)]
         if arch >= 90:  # the Gluon kernels: Hopper only
             for kind, configs, fn in (("fox_fwd_sm90_kernel", _SM90_CONFIGS, compile_gluon_fwd),
+                                      ("fox_bwd_dq_sm90_kernel", _SM90_DQ_CONFIGS, compile_gluon_dq),
                                       ("fox_bwd_dkdv_sm90_kernel", _SM90_BWD_CONFIGS, compile_gluon_bwd)):
                 todo += [(kind, dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, HAS_ACP=acp), 4, st,
                           lambda D=D, bm=bm, bn=bn, st=st, acp=acp, fn=fn: fn(D, bm, bn, st, acp, arch))

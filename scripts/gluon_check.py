@@ -140,17 +140,44 @@ def bench_bwd(configs):
         print(" | ".join(row), flush=True)
 
 
+def bench_dq(configs):
+    print(f"dq kernel ms (median do_bench), triton {triton.__version__}, torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name()}")
+    for name, (B, T, H, D) in SHAPES.items():
+        q, k, v, lf = inputs(B, T, T, H, H, D)
+        sm = D ** -0.5
+        flops = 1.5 * 4 * B * H * T * T * D / 2  # 3 matmuls: 1.5x the forward's 2
+        o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
+        do = torch.randn_like(q)
+        pk, _ = fa._block_prefix(lf, T)
+        dq_t = fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm)[0]
+        t_ref = triton.testing.do_bench(lambda: fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm), warmup=25,
+                                        rep=200, return_mode="median")
+        row = [f"{name}: triton {t_ref:.3f} ms ({flops / t_ref * 1e-9:.0f} TF/s)"]
+        for cfg in configs[D]:
+            try:
+                dq = fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, cfg)[0]
+                t = triton.testing.do_bench(lambda: fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, cfg),
+                                            warmup=25, rep=200, return_mode="median")
+                row.append(f"{cfg} {t:.3f} ({flops / t * 1e-9:.0f}, {t_ref / t:.2f}x, d {rel(dq, dq_t):.0e})")
+            except Exception as e:  # noqa: BLE001 (a config that does not fit is reported)
+                row.append(f"{cfg} fails: {type(e).__name__} {str(e)[:80]}")
+        print(" | ".join(row), flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--only", choices=("fwd", "bwd"))
+    ap.add_argument("--only", choices=("fwd", "bwd", "dq"))
     args = ap.parse_args()
-    if args.only != "bwd":
+    if args.only in (None, "dq"):
+        bench_dq({64: [(64, 64, 3), (64, 64, 4), (64, 128, 2)], 128: [(64, 64, 3), (64, 64, 2), (64, 128, 2)]})
+    if args.only in (None, "fwd"):
         if not args.no_check:
             check()
         bench({64: [(64, 128, 3), (64, 128, 2), (64, 128, 4), (64, 64, 4)],
                128: [(64, 128, 2), (64, 64, 3), (64, 64, 4)]})
-    if args.only != "fwd":
+    if args.only in (None, "bwd"):
         if not args.no_check:
             check_bwd()
         bench_bwd({64: [(64, 128, 2), (64, 128, 3), (64, 128, 4), (32, 128, 3), (32, 128, 4), (128, 128, 2)],

@@ -343,6 +343,31 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
     return o, lse
 
 
+# (rows per consumer warpgroup, BLOCK_N, NUM_STAGES) of the Gluon sm90 dq backward per head dim
+_SM90_DQ_CONFIGS = {64: (64, 64, 3), 128: (64, 64, 3)}
+
+
+def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=None):
+    """The dq backward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
+    (``gluon_kernels``; Hopper only): the same (dq, drow, delta) as ``_bwd_dq``."""
+    from . import gluon_kernels as gk
+
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    bm, bn, stages = config or _SM90_DQ_CONFIGS[D]
+    q, k, v, do, o = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous(), o.contiguous()
+    dq = torch.empty_like(q)
+    delta = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
+    drow = torch.empty((B, Tq, H), device=q.device, dtype=torch.float32)
+    lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
+    gk.fox_bwd_dq_sm90_kernel[(B * H, _cdiv(Tq, 2 * bm))](
+        _tma_desc(q, 2 * bm), _tma_desc(do, 2 * bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse, delta, dq,
+        drow, lo, lf.stride(0), lf.stride(1), lf.stride(2), q.stride(0), q.stride(1), q.stride(2), *pk.stride()[:2],
+        *_acp_args(acp_tables, max(16, _next_pow2(D)), rows_only=True), H, H // Hkv, Tq, Tk, sm_scale,
+        NUM_STAGES=stages, num_warps=4, maxnreg=_sm90_maxnreg(8))
+    return dq, drow, delta
+
+
 def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_tables=None):
     """The dk/dv backward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
     (``gluon_kernels``; Hopper only): the same (dk, dv, dcol) as ``_bwd_dkdv``."""
@@ -386,7 +411,10 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
     o = o.contiguous()
     pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
-    dq, drow, delta = _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables)
+    if kstart is None and _use_sm90(q, k, v, _SM90_DQ_CONFIGS, do, o):
+        dq, drow, delta = _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, acp_tables=acp_tables)
+    else:
+        dq, drow, delta = _bwd_dq(do, q, k, v, lf, pk, o, lse, kstart, sm_scale, acp_tables)
     if kstart is None and kend is None and _use_sm90(q, k, v, _SM90_BWD_CONFIGS, do):
         dk, dv, dcol = _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, acp_tables=acp_tables)
     else:

@@ -67,9 +67,7 @@ def _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 def _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
               LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_DIM: gl.constexpr, HAS_ACP: gl.constexpr):
-    """Loader partition: Q once, then K and V of each key block into stage i % NUM_STAGES, each on its own
-    barrier so Q K^T can start before V has arrived."""
-    NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
+    """Loader partition: Q once, then K and V of each key block (``_kv_ring_load``)."""
     pid_bh = gl.program_id(0)
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
@@ -78,11 +76,20 @@ def _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
     n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M, BLOCK_N)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_DIM], q_bar, q_smem)
-    col = (h // GROUP) * HEAD_DIM
+    _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, b * Tk + n_top,
+                  (h // GROUP) * HEAD_DIM, n_total)
+
+
+@gluon.jit
+def _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_top, col, n_total):
+    """K and V of ``n_total`` key blocks, from row ``row_top`` downwards, into stage i % NUM_STAGES, each on its
+    own barrier so Q K^T can start before V has arrived (the forward's and the dq kernel's loader)."""
+    NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     for i in range(n_total):
         st = i % NUM_STAGES
         ph = (i // NUM_STAGES) & 1
-        row = b * Tk + n_top - i * BLOCK_N
+        row = row_top - i * BLOCK_N
         mbarrier.wait(k_empty.index(st), ph ^ 1)  # fresh barriers count as a completed phase 1
         mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, col], k_ready.index(st), k_bufs.index(st))
@@ -143,25 +150,17 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
 
 
 @gluon.jit
-def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                 LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
-                 sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr,
-                 HAS_ACP: gl.constexpr):
-    """One consumer warpgroup: the FlashAttention-2 loop of ``_attn_fwd_kernel`` for rows WG*BLOCK_M ..
-    of the program's 2*BLOCK_M-row query block (``q_smem``: this warpgroup's rows). Key blocks in descending
-    order: the causal diagonal ones, the clean ones, then (ACP) those that straddle some row's bound
-    ``LO[row // ACP_GM] * ACP_GN``; the last group can differ between the two warpgroups, the total cannot
-    (they consume one ring of stages)."""
+def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WG: gl.constexpr, s_layout: gl.constexpr,
+                HAS_ACP: gl.constexpr):
+    """A consumer warpgroup's rows WG*BLOCK_M .. of the program's 2*BLOCK_M-row query block (forward and dq
+    kernels): the key-block schedule (top block, causal-masked / clean / total counts, E), the rows and their
+    positions, each row's first kept key under ACP, the query part of the decay (log2 units), PK's row base
+    and the key offsets of a tile."""
     num_warps: gl.constexpr = 4
     gl.static_assert(BLOCK_N == 16 or BLOCK_N == 32 or BLOCK_N == 64 or BLOCK_N == 128)
     PLANE: gl.constexpr = (BLOCK_N >= 32) + (BLOCK_N >= 64) + (BLOCK_N >= 128)  # PK's plane for blocks of BLOCK_N
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     pid_bh = gl.program_id(0)
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
@@ -191,6 +190,34 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     rq2 = gl.convert_layout(rq * LOG2E, row_s)
     PK_base = PK + PLANE * spp.to(gl.int64) + pid_bh.to(gl.int64) * spr
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    return n_top, n_masked, n_clean, n_total, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n
+
+
+@gluon.jit
+def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                 LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
+                 sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr,
+                 HAS_ACP: gl.constexpr):
+    """One consumer warpgroup: the FlashAttention-2 loop of ``_attn_fwd_kernel`` for rows WG*BLOCK_M ..
+    of the program's 2*BLOCK_M-row query block (``q_smem``: this warpgroup's rows). Key blocks in descending
+    order: the causal diagonal ones, the clean ones, then (ACP) those that straddle some row's bound
+    ``LO[row // ACP_GM] * ACP_GN``; the last group can differ between the two warpgroups, the total cannot
+    (they consume one ring of stages)."""
+    num_warps: gl.constexpr = 4
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    pid_bh = gl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    m_start = (gl.num_programs(1) - 1 - gl.program_id(1)) * 2 * BLOCK_M + WG * BLOCK_M
+    n_top, n_masked, n_clean, n_total, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n = _query_rows(
+        LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG, s_layout,
+        HAS_ACP)
     qk_scale = sm_scale * LOG2E
 
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -591,4 +618,200 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
             k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
             slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale)
     gl.warp_specialize([(_bwd_compute_wg0, args), (_bwd_compute_wg1, args), (_bwd_load_all, args)], [4, 1],
+                       [240, 24])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# backward: dq, the row sums of dS and delta (the mirror of the forward: one program per query block)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _dq_load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
+             v_empty, LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, HAS_ACP: gl.constexpr):
+    """Loader partition: Q and dO once (one barrier), then K and V of each key block (``_kv_ring_load``)."""
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    HEAD_DIM: gl.constexpr = k_bufs.type.shape[2]
+    pid_bh = gl.program_id(0)
+    pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_M, BLOCK_N, HAS_ACP)
+    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M, BLOCK_N)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_DIM], q_bar, q_smem)
+    tma.async_copy_global_to_shared(do_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_DIM], q_bar, do_smem)
+    _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, b * Tk + n_top,
+                  (h // GROUP) * HEAD_DIM, n_total)
+
+
+@gluon.jit
+def _dq_tile(dq, rowsum, g, ck, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+             v_empty, PK_base, rql2, delta, pos_q, kstart, offs_n, qk_scale,
+             s_layout: gl.constexpr, p_layout: gl.constexpr, CAUSAL: gl.constexpr, START: gl.constexpr):
+    """One key block of ``triton_kernels._attn_bwd_dq_kernel``: S = Q K^T and dP = dO V^T by wgmma, P from the
+    forward's log-sum-exp (in ``rql2``), dS = P (dP - delta), dq += dS K with dS as the register A operand."""
+    NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    st = i % NUM_STAGES
+    ph = (i // NUM_STAGES) & 1
+    n0 = n_top - i * BLOCK_N
+    pos_k = n0 + offs_n
+    ck_next, tot_next = _prefix_row(PK_base, n0 - BLOCK_N, E, offs_n, BLOCK_N)
+    k_s = k_bufs.index(st)
+    v_s = v_bufs.index(st)
+    mbarrier.wait(k_ready.index(st), ph)
+    s = warpgroup_mma(q_smem, k_s.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                      use_acc=False, is_async=True)
+    mbarrier.wait(v_ready.index(st), ph)
+    dp = warpgroup_mma(do_smem, v_s.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                       use_acc=False, is_async=True)
+    s, _, _ = warpgroup_mma_wait(1, deps=(s, q_smem, k_s))
+    dk2 = ((tot_k - ck) + g) * LOG2E
+    s = s * qk_scale + (gl.expand_dims(dk2, 0) - gl.expand_dims(rql2, 1))
+    if CAUSAL:
+        s = gl.where(gl.expand_dims(pos_k, 0) <= gl.expand_dims(pos_q, 1), s, float("-inf"))
+    if START:  # keys before the row's ACP bound
+        s = gl.where(gl.expand_dims(pos_k, 0) >= gl.expand_dims(kstart, 1), s, float("-inf"))
+    p = gl.exp2(s)
+    dp, _, _ = warpgroup_mma_wait(0, deps=(dp, do_smem, v_s))
+    mbarrier.arrive(v_empty.index(st), count=1)
+    ds = p * (dp - gl.expand_dims(delta, 1))
+    rowsum += gl.sum(ds, 1)
+    ds16 = gl.convert_layout(ds.to(k_s.dtype), p_layout)
+    dq = warpgroup_mma(ds16, k_s, dq, is_async=True)
+    dq, _ = warpgroup_mma_wait(0, deps=(dq, k_s))
+    mbarrier.arrive(k_empty.index(st), count=1)
+    return dq, rowsum, g + tot_k, ck_next, tot_next
+
+
+@gluon.jit
+def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA,
+                DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, sm_scale,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr,
+                HAS_ACP: gl.constexpr):
+    """One consumer warpgroup: the loop of ``triton_kernels._attn_bwd_dq_kernel`` for its rows (``q_smem`` /
+    ``do_smem``), over the forward's key blocks in the forward's order. Also forms delta = rowsum(o * dO) for its
+    rows (stored for the dk/dv kernel) and stores dq (times sm_scale) and the row sums of dS."""
+    num_warps: gl.constexpr = 4
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [num_warps, 1],
+                                                [1, 0])
+    pid_bh = gl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    m_start = (gl.num_programs(1) - 1 - gl.program_id(1)) * 2 * BLOCK_M + WG * BLOCK_M
+    n_top, n_masked, n_clean, n_total, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n = _query_rows(
+        LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG, s_layout,
+        HAS_ACP)
+    qk_scale = sm_scale * LOG2E
+    lse2 = gl.load(LSE + pid_bh.to(gl.int64) * Tq + offs_m, mask=row_ok, other=0.0)
+    # delta = rowsum(o * dO) (O and DQ share q's contiguous strides; dO from shared memory)
+    om = m_start + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, out_layout))
+    od = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, out_layout))
+    offs = b.to(gl.int64) * sqb + h.to(gl.int64) * sqh + gl.expand_dims(om, 1) * sqt + gl.expand_dims(od, 0)
+    o = gl.load(O + offs, mask=gl.expand_dims(om < Tq, 1), other=0.0)
+    mbarrier.wait(q_bar, 0)
+    do = do_smem.load(out_layout)
+    delta = gl.convert_layout(gl.sum(o.to(gl.float32) * do.to(gl.float32), 1), row_s)
+    gl.store(DELTA + pid_bh.to(gl.int64) * Tq + offs_m, delta, mask=row_ok)
+
+    dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    rowsum = gl.zeros([BLOCK_M], gl.float32, row_s)
+    g = gl.sum(gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, s_layout)), 0)
+    ck, tot = _prefix_row(PK_base, n_top, E, offs_n, BLOCK_N)
+    rql2 = rq2 + lse2
+    for i in range(0, n_masked):
+        dq, rowsum, g, ck, tot = _dq_tile(dq, rowsum, g, ck, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs,
+                                          k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart,
+                                          offs_n, qk_scale, s_layout, p_layout, True, HAS_ACP)
+    for i in range(n_masked, n_masked + n_clean):
+        dq, rowsum, g, ck, tot = _dq_tile(dq, rowsum, g, ck, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs,
+                                          k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart,
+                                          offs_n, qk_scale, s_layout, p_layout, False, False)
+    if HAS_ACP:  # (compiled out of the dense kernel)
+        for i in range(n_masked + n_clean, n_total):
+            dq, rowsum, g, ck, tot = _dq_tile(dq, rowsum, g, ck, tot, i, n_top, E, q_smem, do_smem, k_bufs,
+                                              v_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta,
+                                              pos_q, kstart, offs_n, qk_scale, s_layout, p_layout, False, True)
+
+    # DROW is (B, Tq, H) contiguous
+    gl.store(DROW + (b.to(gl.int64) * Tq + offs_m) * H + h, rowsum, mask=row_ok)
+    dq = gl.convert_layout((dq * sm_scale).to(DQ.dtype.element_ty), out_layout)
+    gl.store(DQ + offs, dq, mask=gl.expand_dims(om < Tq, 1))
+
+
+# The partitions below share one signature (see the forward's: ACP when LO is an int32 pointer).
+@gluon.jit
+def _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                   k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG: gl.constexpr):
+    BLOCK_M: gl.constexpr = q_smem.type.shape[0] // 2
+    _dq_compute(q_smem.slice(WG * BLOCK_M, BLOCK_M), do_smem.slice(WG * BLOCK_M, BLOCK_M), k_bufs, v_bufs, q_bar,
+                k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt,
+                sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, sm_scale, BLOCK_M, k_bufs.type.shape[1],
+                k_bufs.type.shape[2], WG, LO.dtype.element_ty == gl.int32)
+
+
+@gluon.jit
+def _dq_compute_wg0(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                    k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+                    ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
+    _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                   k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, 0)
+
+
+@gluon.jit
+def _dq_compute_wg1(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                    k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+                    ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
+    _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                   k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, 1)
+
+
+@gluon.jit
+def _dq_load_all(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                 k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+                 ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
+    _dq_load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
+             v_empty, LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, LO.dtype.element_ty == gl.int32)
+
+
+@gluon.jit
+def fox_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh,
+                           sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale,
+                           NUM_STAGES: gl.constexpr):
+    """grid (B*H, cdiv(Tq, 2*BLOCK_M)), heaviest query blocks first, num_warps=4: two consumer warpgroups of
+    BLOCK_M rows each and a one-warp loader, as in ``fox_fwd_sm90_kernel``. q_desc / do_desc: TMA descriptors over
+    the (B*Tq, H*D) views of contiguous q and dO, blocks [2*BLOCK_M, D]; k_desc / v_desc: over (B*Tk, Hkv*D),
+    blocks [BLOCK_N, D]. O, DQ: contiguous like q (strides sqb, sqt, sqh); LSE / DELTA (B*H, Tq); DROW (B, Tq, H).
+    Writes dq (times sm_scale), delta = rowsum(o * dO) and DROW, the row sums of dS. ACP as in the forward."""
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=2)  # one arrive per consumer warpgroup
+        mbarrier.init(v_empty.index(s), count=2)
+    args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
+            v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM,
+            ACP_GN, H, GROUP, Tq, Tk, sm_scale)
+    gl.warp_specialize([(_dq_compute_wg0, args), (_dq_compute_wg1, args), (_dq_load_all, args)], [4, 1],
                        [240, 24])

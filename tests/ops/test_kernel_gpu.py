@@ -288,6 +288,40 @@ def test_gluon_dkdv(B, Tq, Tk, H, Hkv, D, dtype, config):
         assert e <= TOL[name] and e <= 1.1 * e_t + 1e-5, (name, e, e_t)
 
 
+@pytest.mark.skipif(not _hopper(), reason="the Gluon dq kernel needs a Hopper GPU (compute capability 9.x)")
+@pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D,dtype,config", [
+    (2, 1000, 1000, 4, 2, 128, torch.bfloat16, None),   # a partial last query block, GQA, rows past the batch
+    (1, 300, 1111, 4, 1, 128, torch.float16, None),     # Tq < Tk, MQA, fp16
+    (1, 1, 77, 2, 2, 64, torch.bfloat16, None),         # one query
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 2)),
+    (1, 4096, 4096, 2, 2, 64, torch.bfloat16, None),
+    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 128, 2)),
+])
+def test_gluon_dq(B, Tq, Tk, H, Hkv, D, dtype, config):
+    """The warp-specialised Gluon dq kernel (``_bwd_dq_sm90``): dq and d log f (from its row sums) within the
+    bounds of float64 autograd and as close to it as the Triton dq kernel, and the same delta as that kernel
+    (the dk/dv kernel reads it)."""
+    q, k, v, lf = make(B, Tq, Tk, H, Hkv, D, dtype)
+    sm = D ** -0.5
+    o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
+    do = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1)).to(dtype)
+    pk, pq = fa._block_prefix(lf, Tq)
+    xs = [t.double().requires_grad_() for t in (q, k, v, lf)]
+    g = torch.autograd.grad(forgetting_attention_ref(*xs), xs, do.double())
+    ref = {"dq": g[0], "dlf": g[3]}
+    dq, drow, delta = fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, config)
+    dq_t, drow_t, delta_t = fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm)
+    dcol = fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta_t, None, None, sm)[2]
+    got = {"gluon": {"dq": dq, "dlf": fa._bwd_dlogf(drow, dcol)},
+           "triton": {"dq": dq_t, "dlf": fa._bwd_dlogf(drow_t, dcol)}}
+    for name in ("dq", "dlf"):
+        a = got["gluon"][name]
+        assert torch.isfinite(a).all(), name
+        e, e_t = rel(a, ref[name]), rel(got["triton"][name], ref[name])
+        assert e <= TOL[name] and e <= 1.1 * e_t + 1e-5, (name, e, e_t)
+    assert (delta - delta_t).abs().max().item() <= 1e-5 * max(1.0, delta_t.abs().max().item())
+
+
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels need a Hopper GPU (compute capability 9.x)")
 @pytest.mark.parametrize("B,Tq,Tk,H,Hkv,D,grid", [
     (1, 4096, 4096, 4, 2, 128, None),        # ACP's own grid (64 x 64 on the GPU), GQA
@@ -297,7 +331,7 @@ def test_gluon_dkdv(B, Tq, Tk, H, Hkv, D, dtype, config):
     (1, 2048, 2048, 2, 1, 128, (128, 256)),  # a grid coarser than the tiles
 ])
 def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
-    """ACP in the Gluon forward and dk/dv kernels: o, dk, dv and d log f equal those of float64 attention with
+    """ACP in the Gluon forward, dq and dk/dv kernels: o, dq, dk, dv and d log f equal those of float64 attention with
     exactly ACP's pruned tiles masked out (``acp_masked_ref``) as closely as the Triton kernels' with the same
     tables, within the issue's bounds or 3x the error of the same masked attention in bf16 PyTorch (with these
     local gates both kernels' dk errors are 1.9-2.5x PyTorch's: FlashAttention's delta = rowsum(o * dO) is formed
@@ -322,13 +356,14 @@ def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
     o, lse = fa._fwd_launch_sm90(q, k, v, lf, sm, acp_tables=tables)
     o_t, lse_t = fa._fwd_launch(q, k, v, lf, None, sm, tables)
     pk, pq = fa._block_prefix(lf, Tq)
-    _, drow, delta_o = fa._bwd_dq(do, q, k, v, lf, pk, o_t, lse_t, None, sm, tables)
-    ours = fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse_t, delta_o, sm, acp_tables=tables)
-    triton_ = fa._bwd_dkdv(do, q, k, v, lf, pq, lse_t, delta_o, None, None, sm, tables)
-    got = {name: dict(zip(("o", "dk", "dv", "dlf"), (oo, r[0], r[1], fa._bwd_dlogf(drow, r[2]))))
-           for name, oo, r in (("gluon", o, ours), ("triton", o_t, triton_))}
+    dq, drow, delta_o = fa._bwd_dq_sm90(do, q, k, v, lf, pk, o_t, lse_t, sm, acp_tables=tables)
+    dq_t, drow_t, delta_t = fa._bwd_dq(do, q, k, v, lf, pk, o_t, lse_t, None, sm, tables)
+    ours = fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse_t, delta_t, sm, acp_tables=tables)
+    triton_ = fa._bwd_dkdv(do, q, k, v, lf, pq, lse_t, delta_t, None, None, sm, tables)
+    got = {name: dict(zip(("o", "dq", "dk", "dv", "dlf"), (oo, dq_, r[0], r[1], fa._bwd_dlogf(dr, r[2]))))
+           for name, oo, dq_, dr, r in (("gluon", o, dq, drow, ours), ("triton", o_t, dq_t, drow_t, triton_))}
     errs = {}
-    for name in ("o", "dk", "dv", "dlf"):
+    for name in ("o", "dq", "dk", "dv", "dlf"):
         a = got["gluon"][name]
         assert torch.isfinite(a).all(), name
         errs[name] = e, e_t, e_lp = (rel(a, ref[name]), rel(got["triton"][name], ref[name]),
@@ -343,24 +378,24 @@ def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels need a Hopper GPU (compute capability 9.x)")
 def test_gluon_dispatch(monkeypatch):
-    """Dense and ACP calls on Hopper run the Gluon forward (D = 128) and dk/dv kernel (D = 64 and 128);
-    ``FOX_GLUON=0`` turns both off, and calls with left padding keep the Triton kernels. fwd + all gradients stay within the
+    """Dense and ACP calls on Hopper run the Gluon forward (D = 128) and dq and dk/dv kernels (D = 64 and 128);
+    ``FOX_GLUON=0`` turns them off, and calls with left padding keep the Triton kernels. fwd + all gradients stay within the
     float64 bounds either way."""
     calls = []
-    for name in ("_fwd_launch_sm90", "_bwd_dkdv_sm90"):
+    for name in ("_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90"):
         real = getattr(fa, name)
         monkeypatch.setattr(fa, name, lambda *a, _r=real, _n=name, **kw: calls.append(_n) or _r(*a, **kw))
     q, k, v, lf = make(2, 1024, 1024, 4, 2, 128)
     check(q, k, v, lf)
-    assert calls == ["_fwd_launch_sm90", "_bwd_dkdv_sm90"]
+    assert calls == ["_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90"]
     check(*make(2, 1000, 1000, 4, 2, 64))
-    assert calls[2:] == ["_bwd_dkdv_sm90"]
+    assert calls[3:] == ["_bwd_dq_sm90", "_bwd_dkdv_sm90"]
     check(q, k, v, lf, seq_start=torch.tensor([0, 5], device="cuda"))
-    assert len(calls) == 3
+    assert len(calls) == 5
     qn, kn = ((F.normalize(t.float(), dim=-1) * math.sqrt(128)).bfloat16() for t in (q, k))  # ACP runs them too
     w = torch.ones(128, device="cuda")
     check(qn, kn, v, lf, ours_kw=dict(adaptive_threshold="auto", qk_norm_weights=(w, w)))
-    assert calls[3:] == ["_fwd_launch_sm90", "_bwd_dkdv_sm90"]
+    assert calls[5:] == ["_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90"]
     monkeypatch.setenv("FOX_GLUON", "0")
     check(q, k, v, lf)
-    assert len(calls) == 5
+    assert len(calls) == 8
