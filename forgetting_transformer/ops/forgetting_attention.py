@@ -307,16 +307,24 @@ def _use_sm90(q, k, v, head_dims=_SM90_HEAD_DIMS, *more):
             and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block, dtype):
+    """The default NVMMA shared-memory layout of a TMA block (a tuple of dims) of ``dtype``; cached, since
+    forming it costs ~15 us of host time and the Gluon launchers build up to 7 descriptors per call."""
+    from triton.experimental.gluon import language as gl
+
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gdt)
+
+
 def _tma_desc(t, block):
     """TMA descriptor over the (B*T, heads*D) view of a contiguous 16-bit (B, T, heads, D) tensor, blocks of
     [block, D] (the Gluon kernels' Q / K / V / dO tiles)."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     B, T, heads, D = t.shape
-    layout = gl.NVMMASharedLayout.get_default_for([block, D], {torch.bfloat16: gl.bfloat16,
-                                                               torch.float16: gl.float16}[t.dtype])
-    return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D], layout)
+    return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D],
+                            _smem_layout((block, D), t.dtype))
 
 
 def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
@@ -344,7 +352,8 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
 
 
 # (rows per consumer warpgroup, BLOCK_N, NUM_STAGES) of the Gluon sm90 dq backward per head dim
-_SM90_DQ_CONFIGS = {64: (64, 64, 3), 128: (64, 64, 3)}
+# the fastest at S1..S4 (docs/benchmarks.md, session 11; 1.05-1.14x the Triton dq kernel)
+_SM90_DQ_CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
 
 
 def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=None):
@@ -371,7 +380,6 @@ def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=
 def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_tables=None):
     """The dk/dv backward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
     (``gluon_kernels``; Hopper only): the same (dk, dv, dcol) as ``_bwd_dkdv``."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from . import gluon_kernels as gk
@@ -388,7 +396,7 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_t
         t = t.reshape(-1)
         if t.numel() < bm:  # a block no longer than the tensor (zeros; rows past Tq are masked)
             t = torch.nn.functional.pad(t, (0, bm - t.numel()))
-        return TensorDescriptor(t, [t.numel()], [1], [bm], gl.NVMMASharedLayout.get_default_for([bm], gl.float32))
+        return TensorDescriptor(t, [t.numel()], [1], [bm], _smem_layout((bm,), torch.float32))
 
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
