@@ -1,6 +1,6 @@
 """The Gluon sm90 kernels against the Triton ones on a Hopper GPU: correctness and per-config timings.
 
-    python scripts/gluon_check.py [--no-check] [--only fwd|bwd]
+    python scripts/gluon_check.py [--no-check] [--only fwd|bwd|dq]
 
 Forward (``_fwd_launch_sm90``): for awkward shapes (T not a multiple of the tiles, GQA / MQA, Tq < Tk, Tq = 1),
 the relative L2 error of both forwards' o against the float64 reference and the largest log-sum-exp difference;
@@ -10,6 +10,9 @@ holds the picks).
 dk/dv backward (``_bwd_dkdv_sm90``): the same for dk, dv and d log f (from the Gluon kernel's column sums and the
 dq kernel's row sums) against float64 autograd, then the dk/dv kernel times of both at S1..S4 (BLOCK_M, BLOCK_N,
 stages; ``_SM90_BWD_CONFIGS`` holds the picks; TFLOP/s on the kernel's share, 2x the forward's FLOPs).
+dq backward (``_bwd_dq_sm90``): the dq kernel times of both at S1..S4 per (rows per warpgroup, BLOCK_N, stages)
+and the relative difference of dq (``_SM90_DQ_CONFIGS`` holds the picks; 1.5x the forward's FLOPs); its
+correctness is ``tests/ops/test_kernel_gpu.py::test_gluon_dq``.
 """
 import argparse
 import importlib

@@ -1,7 +1,8 @@
 """Hopper (sm90) kernels of Forgetting Attention in Gluon, triton's explicit-layout dialect: warp-specialised.
 
-The forward (``fox_fwd_sm90_kernel``) and, below it, the dk/dv half of the backward
-(``fox_bwd_dkdv_sm90_kernel``: its own docstrings; docs/kernel.md). The forward:
+The forward (``fox_fwd_sm90_kernel``) and, below it, the two halves of the backward: dk/dv
+(``fox_bwd_dkdv_sm90_kernel``) and dq (``fox_bwd_dq_sm90_kernel``, the forward's mirror), each with its own
+docstring (docs/kernel.md). The forward:
 
 One program per (query block of 2 * BLOCK_M rows, batch*head), heaviest blocks first, with the numerics of
 ``triton_kernels._attn_fwd_kernel`` (block-local log f prefix sums, base-2 online softmax, the same o and
