@@ -62,28 +62,34 @@ def check():
 SHAPES = {"S1": (4, 4096, 16, 64), "S2": (1, 16384, 16, 64), "S3": (2, 8192, 8, 128), "S4": (1, 32768, 8, 128)}
 
 
-def bench(configs):
-    shapes = SHAPES
-    print(f"forward ms (median do_bench), triton {triton.__version__}, torch {torch.__version__}, "
+def bench_kernel(what, flop_factor, configs, setup):
+    """One Gluon kernel against its Triton counterpart at S1..S4: ``setup(q, k, v, lf, sm)`` gives the Triton
+    call and the Gluon call for a config, each returning the outputs to compare (relative L2 difference, the
+    largest); TFLOP/s on ``flop_factor`` x the forward's FLOPs."""
+    print(f"{what} ms (median do_bench), triton {triton.__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}")
-    for name, (B, T, H, D) in shapes.items():
+    for name, (B, T, H, D) in SHAPES.items():
         q, k, v, lf = inputs(B, T, T, H, H, D)
-        sm = D ** -0.5
-        flops = 4 * B * H * T * T * D / 2
-        fa._fwd_launch(q, k, v, lf, None, sm)
-        t_ref = triton.testing.do_bench(lambda: fa._fwd_launch(q, k, v, lf, None, sm), warmup=25, rep=200,
-                                        return_mode="median")
+        triton_fn, gluon_fn = setup(q, k, v, lf, D ** -0.5)
+        flops = flop_factor * 4 * B * H * T * T * D / 2
+        ref = triton_fn()
+        t_ref = triton.testing.do_bench(triton_fn, warmup=25, rep=200, return_mode="median")
         row = [f"{name}: triton {t_ref:.3f} ms ({flops / t_ref * 1e-9:.0f} TF/s)"]
-        o_t, _ = fa._fwd_launch(q, k, v, lf, None, sm)
         for cfg in configs[D]:
             try:
-                o, _ = fa._fwd_launch_sm90(q, k, v, lf, sm, cfg)
-                t = triton.testing.do_bench(lambda: fa._fwd_launch_sm90(q, k, v, lf, sm, cfg), warmup=25, rep=200,
-                                            return_mode="median")
-                row.append(f"{cfg} {t:.3f} ({flops / t * 1e-9:.0f}, {t_ref / t:.2f}x, d {rel(o, o_t):.0e})")
+                out = gluon_fn(cfg)
+                t = triton.testing.do_bench(lambda: gluon_fn(cfg), warmup=25, rep=200, return_mode="median")
+                d = max(rel(a, b) for a, b in zip(out, ref))
+                row.append(f"{cfg} {t:.3f} ({flops / t * 1e-9:.0f}, {t_ref / t:.2f}x, d {d:.0e})")
             except Exception as e:  # noqa: BLE001 (a config that does not fit is reported)
                 row.append(f"{cfg} fails: {type(e).__name__} {str(e)[:80]}")
         print(" | ".join(row), flush=True)
+
+
+def bench(configs):
+    bench_kernel("forward", 1, configs, lambda q, k, v, lf, sm: (
+        lambda: fa._fwd_launch(q, k, v, lf, None, sm)[:1],
+        lambda cfg: fa._fwd_launch_sm90(q, k, v, lf, sm, cfg)[:1]))
 
 
 def bwd_inputs(q, k, v, lf, sm):
@@ -120,52 +126,23 @@ def check_bwd():
 
 
 def bench_bwd(configs):
-    print(f"dk/dv kernel ms (median do_bench), triton {triton.__version__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()}")
-    for name, (B, T, H, D) in SHAPES.items():
-        q, k, v, lf = inputs(B, T, T, H, H, D)
-        sm = D ** -0.5
-        flops = 2 * 4 * B * H * T * T * D / 2
+    def setup(q, k, v, lf, sm):
         do, pq, lse, delta, _ = bwd_inputs(q, k, v, lf, sm)
-        dk_t, dv_t, _ = fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm)
-        t_ref = triton.testing.do_bench(lambda: fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm),
-                                        warmup=25, rep=200, return_mode="median")
-        row = [f"{name}: triton {t_ref:.3f} ms ({flops / t_ref * 1e-9:.0f} TF/s)"]
-        for cfg in configs[D]:
-            try:
-                dk, dv, _ = fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, cfg)
-                t = triton.testing.do_bench(lambda: fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, cfg),
-                                            warmup=25, rep=200, return_mode="median")
-                row.append(f"{cfg} {t:.3f} ({flops / t * 1e-9:.0f}, {t_ref / t:.2f}x, "
-                           f"d {max(rel(dk, dk_t), rel(dv, dv_t)):.0e})")
-            except Exception as e:  # noqa: BLE001 (a config that does not fit is reported)
-                row.append(f"{cfg} fails: {type(e).__name__} {str(e)[:80]}")
-        print(" | ".join(row), flush=True)
+        return (lambda: fa._bwd_dkdv(do, q, k, v, lf, pq, lse, delta, None, None, sm)[:2],
+                lambda cfg: fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, cfg)[:2])
+
+    bench_kernel("dk/dv kernel", 2, configs, setup)  # 4 matmuls: 2x the forward's
 
 
 def bench_dq(configs):
-    print(f"dq kernel ms (median do_bench), triton {triton.__version__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()}")
-    for name, (B, T, H, D) in SHAPES.items():
-        q, k, v, lf = inputs(B, T, T, H, H, D)
-        sm = D ** -0.5
-        flops = 1.5 * 4 * B * H * T * T * D / 2  # 3 matmuls: 1.5x the forward's 2
+    def setup(q, k, v, lf, sm):
         o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
         do = torch.randn_like(q)
-        pk, _ = fa._block_prefix(lf, T)
-        dq_t = fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm)[0]
-        t_ref = triton.testing.do_bench(lambda: fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm), warmup=25,
-                                        rep=200, return_mode="median")
-        row = [f"{name}: triton {t_ref:.3f} ms ({flops / t_ref * 1e-9:.0f} TF/s)"]
-        for cfg in configs[D]:
-            try:
-                dq = fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, cfg)[0]
-                t = triton.testing.do_bench(lambda: fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, cfg),
-                                            warmup=25, rep=200, return_mode="median")
-                row.append(f"{cfg} {t:.3f} ({flops / t * 1e-9:.0f}, {t_ref / t:.2f}x, d {rel(dq, dq_t):.0e})")
-            except Exception as e:  # noqa: BLE001 (a config that does not fit is reported)
-                row.append(f"{cfg} fails: {type(e).__name__} {str(e)[:80]}")
-        print(" | ".join(row), flush=True)
+        pk, _ = fa._block_prefix(lf, q.shape[1])
+        return (lambda: fa._bwd_dq(do, q, k, v, lf, pk, o, lse, None, sm)[:1],
+                lambda cfg: fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, cfg)[:1])
+
+    bench_kernel("dq kernel", 1.5, configs, setup)  # 3 matmuls: 1.5x the forward's 2
 
 
 if __name__ == "__main__":

@@ -295,6 +295,24 @@ def _fwd_load_all(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready
 
 
 @gluon.jit
+def _kv_ring(k_desc, v_desc, NUM_STAGES: gl.constexpr):
+    """The K/V ring of the forward and dq kernels: NUM_STAGES stages of K and V tiles in shared memory, with
+    their ready barriers (one TMA arrival) and empty barriers (one arrive per consumer warpgroup)."""
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+        mbarrier.init(k_empty.index(s), count=2)
+        mbarrier.init(v_empty.index(s), count=2)
+    return k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty
+
+
+@gluon.jit
 def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr,
                         ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -307,19 +325,9 @@ def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, LO, slb, slt, sl
     (``_acp_tables_kernel``); each row skips the keys below ``LO[row // ACP_GM] * ACP_GN``. Dense: any fp32
     pointer."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, NUM_STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)  # one arrive per consumer warpgroup
-        mbarrier.init(v_empty.index(s), count=2)
     args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
             LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
             sm_scale)
@@ -804,19 +812,9 @@ def fox_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, LF, PK, O, LSE, DELT
     Writes dq (times sm_scale), delta = rowsum(o * dO) and DROW, the row sums of dS. ACP as in the forward."""
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
-    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, NUM_STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(s), count=1)
-        mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)  # one arrive per consumer warpgroup
-        mbarrier.init(v_empty.index(s), count=2)
     args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
             v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM,
             ACP_GN, H, GROUP, Tq, Tk, sm_scale)
