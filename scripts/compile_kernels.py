@@ -102,11 +102,11 @@ def ptxas_usage(kernel, arch):
     return regs, st, ld
 
 
-def compile_gluon(fn, consts, types, aligned, arch=90):
+def compile_gluon(fn, consts, types, aligned, arch=90, consumers=2):
     """A Gluon sm90 kernel as its launcher (``forgetting_attention._fwd_launch_sm90`` / ``_bwd_dkdv_sm90``)
     launches it: bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
     16-divisible ``aligned`` pointers and strides, 4 warps per partition, and the launch register limit that
-    leaves room for the loader's warpgroup."""
+    leaves room for the loader's warpgroup besides ``consumers`` consumer warpgroups."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
@@ -117,7 +117,7 @@ def compile_gluon(fn, consts, types, aligned, arch=90):
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = gluon._runtime.GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
                                         attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=_sm90_maxnreg(8)))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=_sm90_maxnreg(4 * consumers)))
 
 
 def _desc(rows, head_dim):
@@ -127,32 +127,33 @@ def _desc(rows, head_dim):
     return f"tensordesc<bf16[{rows},{head_dim}],{layout!r}>"
 
 
-def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, has_acp, arch=90):
+def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
     """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``), dense or with ACP."""
     from forgetting_transformer.ops import gluon_kernels as gk
 
-    types = dict(q_desc=_desc(2 * block_m, head_dim), k_desc=_desc(block_n, head_dim),
+    types = dict(q_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),
                  v_desc=_desc(block_n, head_dim), LF=F32, PK=F32, O=BF16, LSE=F32, LO=I32 if has_acp else F32,
                  sm_scale="fp32")
-    consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages)
+    consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages, NUM_WG=consumers)
     return compile_gluon(gk.fox_fwd_sm90_kernel, consts, types,
-                         ("LF", "PK", "O", "LSE", "LO", "slb", "sob", "sot", "soh", "spp", "spr"), arch)
+                         ("LF", "PK", "O", "LSE", "LO", "slb", "sob", "sot", "soh", "spp", "spr"), arch, consumers)
 
 
-def compile_gluon_dq(head_dim, block_m, block_n, num_stages, has_acp, arch=90):
+def compile_gluon_dq(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
     """The Gluon sm90 dq backward (``gluon_kernels.fox_bwd_dq_sm90_kernel``), dense or with ACP."""
     from forgetting_transformer.ops import gluon_kernels as gk
 
-    types = dict(q_desc=_desc(2 * block_m, head_dim), do_desc=_desc(2 * block_m, head_dim),
+    types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim),
                  k_desc=_desc(block_n, head_dim), v_desc=_desc(block_n, head_dim), LF=F32, PK=F32, O=BF16, LSE=F32,
                  DELTA=F32, DQ=BF16, DROW=F32, LO=I32 if has_acp else F32, sm_scale="fp32")
-    return compile_gluon(gk.fox_bwd_dq_sm90_kernel, dict(NUM_STAGES=num_stages), types,
+    return compile_gluon(gk.fox_bwd_dq_sm90_kernel, dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
                          ("LF", "PK", "O", "LSE", "DELTA", "DQ", "DROW", "LO", "slb", "sqb", "sqt", "sqh", "spp",
-                          "spr"), arch)
+                          "spr"), arch, consumers)
 
 
-def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, has_acp, arch=90):
-    """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``)."""
+def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
+    """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``; two consumer warpgroups)."""
+    assert consumers == 2, consumers
     from triton.experimental.gluon import language as gl
 
     from forgetting_transformer.ops import gluon_kernels as gk
@@ -183,12 +184,15 @@ def main():
         todo = [(name, consts, w, s, lambda n=name, c=consts, w=w, s=s: compile_one(getattr(tk, n), c, arch, w, s))
                 for name, consts, w, s in cases(args.quick)]
         if arch >= 90:  # the Gluon kernels: Hopper only
+            # configs: (rows per consumer warpgroup, BLOCK_N, stages[, consumer warpgroups: dk/dv has 2])
             for kind, configs, fn in (("fox_fwd_sm90_kernel", _SM90_CONFIGS, compile_gluon_fwd),
                                       ("fox_bwd_dq_sm90_kernel", _SM90_DQ_CONFIGS, compile_gluon_dq),
                                       ("fox_bwd_dkdv_sm90_kernel", _SM90_BWD_CONFIGS, compile_gluon_bwd)):
-                todo += [(kind, dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, HAS_ACP=acp), 4, st,
-                          lambda D=D, bm=bm, bn=bn, st=st, acp=acp, fn=fn: fn(D, bm, bn, st, acp, arch))
-                         for D, (bm, bn, st) in sorted(configs.items()) for acp in (False, True)]
+                # (--quick: the ACP variants at head dim 64 only, the named model sizes' head dim)
+                todo += [(kind, dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, NUM_WG=wgs, HAS_ACP=acp), 4, st,
+                          lambda D=D, bm=bm, bn=bn, st=st, wgs=wgs, acp=acp, fn=fn: fn(D, bm, bn, st, wgs, acp, arch))
+                         for D, (bm, bn, st, wgs) in sorted((D, (*c, 2)[:4]) for D, c in configs.items())
+                         for acp in ((False, True) if D == 64 or not args.quick else (False,))]
         for name, consts, w, s, compile_fn in todo:
             if arch < 90 and consts.get("HEAD_DIM") == 80:
                 continue  # one head dim is enough to show the pre-Hopper path compiles

@@ -277,13 +277,14 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     return o, lse
 
 
-# (rows per consumer warpgroup, BLOCK_N, NUM_STAGES) of the Gluon sm90 forward per head dim
-_SM90_CONFIGS = {64: (64, 128, 3), 128: (64, 128, 2)}
+# (rows per consumer warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups) of the Gluon sm90 forward per head dim
+_SM90_CONFIGS = {64: (64, 128, 3, 2), 128: (64, 128, 2, 2)}
 
 
 def _sm90_maxnreg(num_warps):
     """Registers per thread at launch so that the compute warps plus the loader's warpgroup fill the 64K register
-    file (8 + 4 warps: 168); ``setmaxnreg`` then moves the loader's share to the compute warps (240 each)."""
+    file (8 + 4 warps: 168; 12 + 4: 128); ``setmaxnreg`` then moves the loader's share to the compute warps (240
+    each for two consumer warpgroups, 160 for three)."""
     return min(255, 65536 // ((num_warps + 4) * 32) // 8 * 8)
 
 
@@ -334,7 +335,7 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
 
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    bm, bn, stages = config or _SM90_CONFIGS[D]
+    bm, bn, stages, wgs = config or _SM90_CONFIGS[D]
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)
     lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
@@ -342,18 +343,19 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
         return o, lse
     pk, _ = _block_prefix(lf, Tq, query_side=False)
     lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
-    gk.fox_fwd_sm90_kernel[(B * H, _cdiv(Tq, 2 * bm))](
-        _tma_desc(q, 2 * bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse, lo,
+    gk.fox_fwd_sm90_kernel[(B * H, _cdiv(Tq, wgs * bm))](
+        _tma_desc(q, bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse, lo,
         lf.stride(0), lf.stride(1), lf.stride(2), o.stride(0), o.stride(1), o.stride(2), *pk.stride()[:2],
         *_acp_args(acp_tables, max(16, _next_pow2(D)), rows_only=True), H, H // Hkv, Tq, Tk, sm_scale,
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, NUM_STAGES=stages,
-        num_warps=4, maxnreg=_sm90_maxnreg(8))
+        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, NUM_STAGES=stages, NUM_WG=wgs,
+        num_warps=4, maxnreg=_sm90_maxnreg(4 * wgs))
     return o, lse
 
 
-# (rows per consumer warpgroup, BLOCK_N, NUM_STAGES) of the Gluon sm90 dq backward per head dim
-# the fastest at S1..S4 (docs/benchmarks.md, session 11; 1.05-1.14x the Triton dq kernel)
-_SM90_DQ_CONFIGS = {64: (64, 64, 3), 128: (64, 64, 2)}
+# (rows per consumer warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups) of the Gluon sm90 dq backward per head
+# dim, the fastest at S1..S4 (docs/benchmarks.md, sessions 11 and 12: three warpgroups at head dim 64, 1.08x /
+# 1.15x the Triton dq kernel at S1 / S2; two at 128, which spill with three)
+_SM90_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 2, 2)}
 
 
 def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=None):
@@ -363,17 +365,17 @@ def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=
 
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    bm, bn, stages = config or _SM90_DQ_CONFIGS[D]
+    bm, bn, stages, wgs = config or _SM90_DQ_CONFIGS[D]
     q, k, v, do, o = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous(), o.contiguous()
     dq = torch.empty_like(q)
     delta = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
     drow = torch.empty((B, Tq, H), device=q.device, dtype=torch.float32)
     lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
-    gk.fox_bwd_dq_sm90_kernel[(B * H, _cdiv(Tq, 2 * bm))](
-        _tma_desc(q, 2 * bm), _tma_desc(do, 2 * bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse, delta, dq,
+    gk.fox_bwd_dq_sm90_kernel[(B * H, _cdiv(Tq, wgs * bm))](
+        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse, delta, dq,
         drow, lo, lf.stride(0), lf.stride(1), lf.stride(2), q.stride(0), q.stride(1), q.stride(2), *pk.stride()[:2],
         *_acp_args(acp_tables, max(16, _next_pow2(D)), rows_only=True), H, H // Hkv, Tq, Tk, sm_scale,
-        NUM_STAGES=stages, num_warps=4, maxnreg=_sm90_maxnreg(8))
+        NUM_STAGES=stages, NUM_WG=wgs, num_warps=4, maxnreg=_sm90_maxnreg(4 * wgs))
     return dq, drow, delta
 
 

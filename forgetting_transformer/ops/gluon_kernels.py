@@ -4,19 +4,20 @@ The forward (``fox_fwd_sm90_kernel``) and, below it, the two halves of the backw
 (``fox_bwd_dkdv_sm90_kernel``) and dq (``fox_bwd_dq_sm90_kernel``, the forward's mirror), each with its own
 docstring (docs/kernel.md). The forward:
 
-One program per (query block of 2 * BLOCK_M rows, batch*head), heaviest blocks first, with the numerics of
+One program per (query block of NUM_WG * BLOCK_M rows, batch*head), heaviest blocks first, with the numerics of
 ``triton_kernels._attn_fwd_kernel`` (block-local log f prefix sums, base-2 online softmax, the same o and
 log-sum-exp), in three partitions:
   * a one-warp loader (24 registers after ``setmaxnreg``) issues TMA copies of Q and of each key block's K and V
     into a ring of NUM_STAGES shared-memory stages, K and V on separate mbarriers;
-  * two consumer warpgroups (the default partition and a worker, 240 registers each), BLOCK_M query rows each,
-    run wgmma for Q K^T and P V and the softmax, and free a stage with one mbarrier arrive each once their MMA
-    has read it. They synchronise only through those barriers, so one warpgroup's softmax overlaps the other's
-    MMAs (the ping-pong FlashAttention-3 schedules explicitly);
+  * NUM_WG consumer warpgroups (2: the default partition and a worker, 240 registers each; 3: 160 each, the
+    dq kernel's pick at head dim 64), BLOCK_M query rows each, run wgmma for Q K^T and P V and the softmax, and
+    free a stage with one mbarrier arrive each once their MMA has read it. They synchronise only through those
+    barriers, so one warpgroup's softmax overlaps the others' MMAs (the ping-pong FlashAttention-3 schedules
+    explicitly);
   * each consumer loads the next key block's log f prefix sums one tile ahead (off the critical path).
-Both kernels run causal attention, dense or with ACP (the forward reads ACP's LO table, the dk/dv kernel its HI
-table: the same pruned region as the Triton kernels); documents and left padding stay with the Triton kernels.
-``forgetting_attention._use_sm90`` decides.
+All three kernels run causal attention, dense or with ACP (the forward and dq kernels read ACP's LO table, the
+dk/dv kernel its HI table: the same pruned region as the Triton kernels); documents and left padding stay with
+the Triton kernels. ``forgetting_attention._use_sm90`` decides.
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -66,17 +67,23 @@ def _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 @gluon.jit
 def _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-              LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_DIM: gl.constexpr, HAS_ACP: gl.constexpr):
-    """Loader partition: Q once, then K and V of each key block (``_kv_ring_load``)."""
+              LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, HAS_ACP: gl.constexpr):
+    """Loader partition: each consumer warpgroup's Q rows (one barrier), then K and V of each key block
+    (``_kv_ring_load``)."""
+    NUM_WG: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[1]
+    BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
+    HEAD_DIM: gl.constexpr = k_bufs.type.shape[2]
     pid_bh = gl.program_id(0)
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_M, BLOCK_N, HAS_ACP)
-    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M, BLOCK_N)
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_DIM], q_bar, q_smem)
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, NUM_WG * BLOCK_M, BLOCK_N, HAS_ACP)
+    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, NUM_WG * BLOCK_M, BLOCK_N)
+    mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
+    for w in gl.static_range(NUM_WG):
+        tma.async_copy_global_to_shared(q_desc, [b * Tq + (pid_m * NUM_WG + w) * BLOCK_M, h * HEAD_DIM], q_bar,
+                                        q_smem.index(w))
     _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, b * Tk + n_top,
                   (h // GROUP) * HEAD_DIM, n_total)
 
@@ -109,17 +116,36 @@ def _prefix_row(PK_base, n0, E, offs_n, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _softmax_tile(s, m_i, l_i, dk2, pos_k, pos_q, kstart, qk_scale, CAUSAL: gl.constexpr, START: gl.constexpr):
+    """The online-softmax step of one tile of raw scores ``s`` = Q K^T: the scaled scores plus the key part of
+    the decay ``dk2`` (log2 units; the query part is a per-row constant that cancels in the softmax: the caller
+    adds it to the log-sum-exp at the end, which saves one add per score), the causal / ACP masks, then P, the
+    rescale factor of the running sums, the new row maxima and row sums."""
+    s = s * qk_scale + gl.expand_dims(dk2, 0)
+    if CAUSAL:
+        s = gl.where(gl.expand_dims(pos_k, 0) <= gl.expand_dims(pos_q, 1), s, float("-inf"))
+    if START:  # keys before the row's ACP bound
+        s = gl.where(gl.expand_dims(pos_k, 0) >= gl.expand_dims(kstart, 1), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
 def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
-              v_empty, PK_base, rq2, pos_q, kstart, offs_n, qk_scale,
+              v_empty, PK_base, pos_q, kstart, offs_n, qk_scale,
               s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr, CAUSAL: gl.constexpr,
               START: gl.constexpr):
+    """Key block i: S = Q K^T, the softmax, then acc += P V, each MMA waited at once (the two consumer
+    warpgroups overlap each other's MMAs and softmax)."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     st = i % NUM_STAGES
     ph = (i // NUM_STAGES) & 1
     n0 = n_top - i * BLOCK_N
-    pos_k = n0 + offs_n
     # the next block's prefix sums, loaded one tile ahead so their latency is not on the critical path
     ck_next, tot_next = _prefix_row(PK_base, n0 - BLOCK_N, E, offs_n, BLOCK_N)
     k_s = k_bufs.index(st)
@@ -129,17 +155,8 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
     s, _, _ = warpgroup_mma_wait(0, deps=(s, q_smem, k_s))
     mbarrier.arrive(k_empty.index(st), count=1)
     # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g)
-    dk2 = ((tot_k - ck) + g) * LOG2E
-    s = s * qk_scale + (gl.expand_dims(dk2, 0) - gl.expand_dims(rq2, 1))
-    if CAUSAL:
-        s = gl.where(gl.expand_dims(pos_k, 0) <= gl.expand_dims(pos_q, 1), s, float("-inf"))
-    if START:  # keys before the row's ACP bound
-        s = gl.where(gl.expand_dims(pos_k, 0) >= gl.expand_dims(kstart, 1), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, 1)
+    p, alpha, m_new, l_i = _softmax_tile(s, m_i, l_i, ((tot_k - ck) + g) * LOG2E, n0 + offs_n, pos_q, kstart,
+                                         qk_scale, CAUSAL, START)
     v_s = v_bufs.index(st)
     p16 = gl.convert_layout(p.to(v_s.dtype), p_layout)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -152,9 +169,9 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
 
 @gluon.jit
 def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WG: gl.constexpr, s_layout: gl.constexpr,
-                HAS_ACP: gl.constexpr):
-    """A consumer warpgroup's rows WG*BLOCK_M .. of the program's 2*BLOCK_M-row query block (forward and dq
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr,
+                s_layout: gl.constexpr, HAS_ACP: gl.constexpr):
+    """A consumer warpgroup's rows WG*BLOCK_M .. of the program's NUM_WG*BLOCK_M-row query block (forward and dq
     kernels): the key-block schedule (top block, causal-masked / clean / total counts, E), the rows and their
     positions, each row's first kept key under ACP, the query part of the decay (log2 units), PK's row base
     and the key offsets of a tile."""
@@ -166,9 +183,9 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, 2 * BLOCK_M, BLOCK_N, HAS_ACP)
-    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, 2 * BLOCK_M, BLOCK_N)
-    m_start = pid_m * 2 * BLOCK_M + WG * BLOCK_M
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, NUM_WG * BLOCK_M, BLOCK_N, HAS_ACP)
+    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, NUM_WG * BLOCK_M, BLOCK_N)
+    m_start = (pid_m * NUM_WG + WG) * BLOCK_M
     offs_m = m_start + gl.arange(0, BLOCK_M, layout=row_s)
     row_ok = offs_m < Tq
     pos_q = Tk - Tq + offs_m
@@ -185,8 +202,8 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
     LF_base = LF + b.to(gl.int64) * slb + h.to(gl.int64) * slh
     lf_q = gl.load(LF_base + (Tk - Tq + offs_ms) * slt, mask=offs_ms < Tq, other=0.0)
     rq = gl.sum(lf_q, 0) - gl.associative_scan(lf_q, 0, _add)
-    if WG == 0:  # plus the log f of the other warpgroup's rows, which lie after this one's
-        offs_r = offs_ms + BLOCK_M
+    for w in gl.static_range(WG + 1, NUM_WG):  # plus the log f of the later warpgroups' rows
+        offs_r = offs_ms + (w - WG) * BLOCK_M
         rq += gl.sum(gl.load(LF_base + (Tk - Tq + offs_r) * slt, mask=offs_r < Tq, other=0.0), 0)
     rq2 = gl.convert_layout(rq * LOG2E, row_s)
     PK_base = PK + PLANE * spp.to(gl.int64) + pid_bh.to(gl.int64) * spr
@@ -198,12 +215,12 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
 def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                  LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
                  sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr,
-                 HAS_ACP: gl.constexpr):
+                 NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
     """One consumer warpgroup: the FlashAttention-2 loop of ``_attn_fwd_kernel`` for rows WG*BLOCK_M ..
-    of the program's 2*BLOCK_M-row query block (``q_smem``: this warpgroup's rows). Key blocks in descending
-    order: the causal diagonal ones, the clean ones, then (ACP) those that straddle some row's bound
-    ``LO[row // ACP_GM] * ACP_GN``; the last group can differ between the two warpgroups, the total cannot
-    (they consume one ring of stages)."""
+    of the program's NUM_WG*BLOCK_M-row query block (``q_smem``: this warpgroup's rows). Key blocks in
+    descending order: the causal diagonal ones, the clean ones, then (ACP) those that straddle some row's bound
+    ``LO[row // ACP_GM] * ACP_GN``; the last group can differ between the warpgroups, the total cannot (they
+    consume one ring of stages)."""
     num_warps: gl.constexpr = 4
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -215,10 +232,10 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     pid_bh = gl.program_id(0)
     b = pid_bh // H
     h = pid_bh % H
-    m_start = (gl.num_programs(1) - 1 - gl.program_id(1)) * 2 * BLOCK_M + WG * BLOCK_M
+    m_start = ((gl.num_programs(1) - 1 - gl.program_id(1)) * NUM_WG + WG) * BLOCK_M
     n_top, n_masked, n_clean, n_total, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n = _query_rows(
-        LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG, s_layout,
-        HAS_ACP)
+        LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG, NUM_WG,
+        s_layout, HAS_ACP)
     qk_scale = sm_scale * LOG2E
 
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -229,20 +246,21 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     mbarrier.wait(q_bar, 0)
     for i in range(0, n_masked):
         acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                              k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, kstart,
+                                              k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart,
                                               offs_n, qk_scale, s_layout, p_layout, row_o, True, HAS_ACP)
     for i in range(n_masked, n_masked + n_clean):
         acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                              k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, kstart,
+                                              k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart,
                                               offs_n, qk_scale, s_layout, p_layout, row_o, False, False)
     if HAS_ACP:  # (compiled out of the dense kernel)
         for i in range(n_masked + n_clean, n_total):
-            acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                                  k_ready, v_ready, k_empty, v_empty, PK_base, rq2, pos_q, kstart,
-                                                  offs_n, qk_scale, s_layout, p_layout, row_o, False, True)
+            acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs,
+                                                  v_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
+                                                  kstart, offs_n, qk_scale, s_layout, p_layout, row_o, False,
+                                                  True)
 
     l_ok = l_i > 0.0
-    lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)), 0.0)
+    lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)) - rq2, 0.0)  # with the decay's query part
     gl.store(LSE + pid_bh.to(gl.int64) * Tq + offs_m, lse2, mask=row_ok)
     o = acc / gl.expand_dims(gl.convert_layout(gl.where(l_ok, l_i, 1.0), row_o), 1)
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [num_warps, 1],
@@ -255,16 +273,16 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
 
 
 # The partitions below share one signature: gl.warp_specialize passes no constexprs (they arrive as tensors), so
-# the tile sizes are read from the shared-memory types and ACP from LO's type (int32 table, or a float dummy for
-# the dense kernel). q_smem holds both consumer warpgroups' rows.
+# the tile sizes and the number of consumer warpgroups are read from the shared-memory types (q_smem: NUM_WG x
+# BLOCK_M x D) and ACP from LO's type (int32 table, or a float dummy for the dense kernel).
 @gluon.jit
 def _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                     LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq,
                     Tk, sm_scale, WG: gl.constexpr):
-    BLOCK_M: gl.constexpr = q_smem.type.shape[0] // 2
-    _fwd_compute(q_smem.slice(WG * BLOCK_M, BLOCK_M), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+    _fwd_compute(q_smem.index(WG), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                  LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
-                 sm_scale, BLOCK_M, k_bufs.type.shape[1], k_bufs.type.shape[2], WG, LO.dtype.element_ty == gl.int32)
+                 sm_scale, q_smem.type.shape[1], k_bufs.type.shape[1], k_bufs.type.shape[2], WG, q_smem.type.shape[0],
+                 LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
@@ -286,16 +304,24 @@ def _fwd_compute_wg1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_re
 
 
 @gluon.jit
+def _fwd_compute_wg2(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
+                     Tq, Tk, sm_scale):
+    _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                    LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
+                    Tq, Tk, sm_scale, 2)
+
+
+@gluon.jit
 def _fwd_load_all(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                   LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq,
                   Tk, sm_scale):
     _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-              LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, q_smem.type.shape[0], k_bufs.type.shape[1],
-              k_bufs.type.shape[2], LO.dtype.element_ty == gl.int32)
+              LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def _kv_ring(k_desc, v_desc, NUM_STAGES: gl.constexpr):
+def _kv_ring(k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
     """The K/V ring of the forward and dq kernels: NUM_STAGES stages of K and V tiles in shared memory, with
     their ready barriers (one TMA arrival) and empty barriers (one arrive per consumer warpgroup)."""
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -307,8 +333,8 @@ def _kv_ring(k_desc, v_desc, NUM_STAGES: gl.constexpr):
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(k_ready.index(s), count=1)
         mbarrier.init(v_ready.index(s), count=1)
-        mbarrier.init(k_empty.index(s), count=2)
-        mbarrier.init(v_empty.index(s), count=2)
+        mbarrier.init(k_empty.index(s), count=NUM_WG)
+        mbarrier.init(v_empty.index(s), count=NUM_WG)
     return k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty
 
 
@@ -316,27 +342,32 @@ def _kv_ring(k_desc, v_desc, NUM_STAGES: gl.constexpr):
 def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr,
                         ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                        NUM_STAGES: gl.constexpr):
-    """grid (B*H, cdiv(Tq, 2*BLOCK_M)), heaviest query blocks first, num_warps=4: two consumer warpgroups of
-    BLOCK_M rows each (the default partition and a worker) and a one-warp loader. q_desc / k_desc / v_desc:
-    TMA descriptors over the (B*T, heads*D) views of contiguous q, k, v with blocks [2*BLOCK_M, D] /
-    [BLOCK_N, D]. Rows that a block reads past its batch element's end are masked (causal) or never stored.
-    ACP when LO is an int32 pointer: ACP's table (B*H, ACP_NQ) on its (ACP_GM x ACP_GN) grid
-    (``_acp_tables_kernel``); each row skips the keys below ``LO[row // ACP_GM] * ACP_GN``. Dense: any fp32
-    pointer."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, NUM_STAGES)
+                        NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
+    """grid (B*H, cdiv(Tq, NUM_WG*BLOCK_M)), heaviest query blocks first, num_warps=4: NUM_WG (2 or 3) consumer
+    warpgroups of BLOCK_M rows each (the default partition and workers; 240 registers each for 2, 160 for 3)
+    and a one-warp loader. q_desc / k_desc / v_desc: TMA descriptors over the (B*T, heads*D) views of
+    contiguous q, k, v with blocks [BLOCK_M, D] / [BLOCK_N, D]. Rows that a block reads past its batch element's
+    end are masked (causal) or never stored. ACP when LO is an int32 pointer: ACP's table (B*H, ACP_NQ) on its
+    (ACP_GM x ACP_GN) grid (``_acp_tables_kernel``); each row skips the keys below ``LO[row // ACP_GM] *
+    ACP_GN``. Dense: any fp32 pointer."""
+    gl.static_assert(NUM_WG == 2 or NUM_WG == 3)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
+    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, NUM_STAGES, NUM_WG)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
             LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
             sm_scale)
-    gl.warp_specialize([(_fwd_compute_wg0, args), (_fwd_compute_wg1, args), (_fwd_load_all, args)], [4, 1],
-                       [240, 24])
+    if NUM_WG == 3:  # FlashAttention-3's split at head dim 64: more rows share each K/V stage
+        gl.warp_specialize([(_fwd_compute_wg0, args), (_fwd_compute_wg1, args), (_fwd_compute_wg2, args),
+                            (_fwd_load_all, args)], [4, 4, 1], [160, 160, 24])
+    else:
+        gl.warp_specialize([(_fwd_compute_wg0, args), (_fwd_compute_wg1, args), (_fwd_load_all, args)], [4, 1],
+                           [240, 24])
 
 
 # --------------------------------------------------------------------------------------------------------------
-# backward: dk, dv and the column sums of dS (the dk/dv half; dq stays with triton_kernels._attn_bwd_dq_kernel)
+# backward: dk, dv and the column sums of dS (the dk/dv half; the dq half is below)
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -644,19 +675,23 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
 @gluon.jit
 def _dq_load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
              v_empty, LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, HAS_ACP: gl.constexpr):
-    """Loader partition: Q and dO once (one barrier), then K and V of each key block (``_kv_ring_load``)."""
-    BLOCK_M: gl.constexpr = q_smem.type.shape[0]
+    """Loader partition: each consumer warpgroup's Q and dO rows (one barrier), then K and V of each key block
+    (``_kv_ring_load``)."""
+    NUM_WG: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     HEAD_DIM: gl.constexpr = k_bufs.type.shape[2]
     pid_bh = gl.program_id(0)
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_M, BLOCK_N, HAS_ACP)
-    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M, BLOCK_N)
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_DIM], q_bar, q_smem)
-    tma.async_copy_global_to_shared(do_desc, [b * Tq + pid_m * BLOCK_M, h * HEAD_DIM], q_bar, do_smem)
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, NUM_WG * BLOCK_M, BLOCK_N, HAS_ACP)
+    n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, NUM_WG * BLOCK_M, BLOCK_N)
+    mbarrier.expect(q_bar, NUM_WG * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
+    for w in gl.static_range(NUM_WG):
+        row = b * Tq + (pid_m * NUM_WG + w) * BLOCK_M
+        tma.async_copy_global_to_shared(q_desc, [row, h * HEAD_DIM], q_bar, q_smem.index(w))
+        tma.async_copy_global_to_shared(do_desc, [row, h * HEAD_DIM], q_bar, do_smem.index(w))
     _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, b * Tk + n_top,
                   (h // GROUP) * HEAD_DIM, n_total)
 
@@ -706,7 +741,7 @@ def _dq_tile(dq, rowsum, g, ck, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_b
 def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA,
                 DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, sm_scale,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr,
-                HAS_ACP: gl.constexpr):
+                NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
     """One consumer warpgroup: the loop of ``triton_kernels._attn_bwd_dq_kernel`` for its rows (``q_smem`` /
     ``do_smem``), over the forward's key blocks in the forward's order. Also forms delta = rowsum(o * dO) for its
     rows (stored for the dk/dv kernel) and stores dq (times sm_scale) and the row sums of dS."""
@@ -722,10 +757,10 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empt
     pid_bh = gl.program_id(0)
     b = pid_bh // H
     h = pid_bh % H
-    m_start = (gl.num_programs(1) - 1 - gl.program_id(1)) * 2 * BLOCK_M + WG * BLOCK_M
+    m_start = ((gl.num_programs(1) - 1 - gl.program_id(1)) * NUM_WG + WG) * BLOCK_M
     n_top, n_masked, n_clean, n_total, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n = _query_rows(
-        LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG, s_layout,
-        HAS_ACP)
+        LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG, NUM_WG,
+        s_layout, HAS_ACP)
     qk_scale = sm_scale * LOG2E
     lse2 = gl.load(LSE + pid_bh.to(gl.int64) * Tq + offs_m, mask=row_ok, other=0.0)
     # delta = rowsum(o * dO) (O and DQ share q's contiguous strides; dO from shared memory)
@@ -763,16 +798,16 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empt
     gl.store(DQ + offs, dq, mask=gl.expand_dims(om < Tq, 1))
 
 
-# The partitions below share one signature (see the forward's: ACP when LO is an int32 pointer).
+# The partitions below share one signature (see the forward's: q_smem / do_smem are NUM_WG x BLOCK_M x D, ACP
+# when LO is an int32 pointer).
 @gluon.jit
 def _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
                    k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
                    ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG: gl.constexpr):
-    BLOCK_M: gl.constexpr = q_smem.type.shape[0] // 2
-    _dq_compute(q_smem.slice(WG * BLOCK_M, BLOCK_M), do_smem.slice(WG * BLOCK_M, BLOCK_M), k_bufs, v_bufs, q_bar,
-                k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt,
-                sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, sm_scale, BLOCK_M, k_bufs.type.shape[1],
-                k_bufs.type.shape[2], WG, LO.dtype.element_ty == gl.int32)
+    _dq_compute(q_smem.index(WG), do_smem.index(WG), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+                LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN,
+                H, Tq, Tk, sm_scale, q_smem.type.shape[1], k_bufs.type.shape[1], k_bufs.type.shape[2], WG,
+                q_smem.type.shape[0], LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
@@ -794,6 +829,15 @@ def _dq_compute_wg1(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_
 
 
 @gluon.jit
+def _dq_compute_wg2(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                    k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+                    ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
+    _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
+                   k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, 2)
+
+
+@gluon.jit
 def _dq_load_all(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
                  k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
                  ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
@@ -804,19 +848,25 @@ def _dq_load_all(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_buf
 @gluon.jit
 def fox_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh,
                            sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale,
-                           NUM_STAGES: gl.constexpr):
-    """grid (B*H, cdiv(Tq, 2*BLOCK_M)), heaviest query blocks first, num_warps=4: two consumer warpgroups of
-    BLOCK_M rows each and a one-warp loader, as in ``fox_fwd_sm90_kernel``. q_desc / do_desc: TMA descriptors over
-    the (B*Tq, H*D) views of contiguous q and dO, blocks [2*BLOCK_M, D]; k_desc / v_desc: over (B*Tk, Hkv*D),
-    blocks [BLOCK_N, D]. O, DQ: contiguous like q (strides sqb, sqt, sqh); LSE / DELTA (B*H, Tq); DROW (B, Tq, H).
-    Writes dq (times sm_scale), delta = rowsum(o * dO) and DROW, the row sums of dS. ACP as in the forward."""
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, do_desc.block_type.shape, do_desc.layout)
-    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, NUM_STAGES)
+                           NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
+    """grid (B*H, cdiv(Tq, NUM_WG*BLOCK_M)), heaviest query blocks first, num_warps=4: NUM_WG (2 or 3) consumer
+    warpgroups of BLOCK_M rows each and a one-warp loader, as in ``fox_fwd_sm90_kernel``. q_desc / do_desc: TMA
+    descriptors over the (B*Tq, H*D) views of contiguous q and dO, blocks [BLOCK_M, D]; k_desc / v_desc: over
+    (B*Tk, Hkv*D), blocks [BLOCK_N, D]. O, DQ: contiguous like q (strides sqb, sqt, sqh); LSE / DELTA (B*H, Tq);
+    DROW (B, Tq, H). Writes dq (times sm_scale), delta = rowsum(o * dO) and DROW, the row sums of dS. ACP as in
+    the forward."""
+    gl.static_assert(NUM_WG == 2 or NUM_WG == 3)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_WG] + do_desc.block_type.shape, do_desc.layout)
+    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, NUM_STAGES, NUM_WG)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
             v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM,
             ACP_GN, H, GROUP, Tq, Tk, sm_scale)
-    gl.warp_specialize([(_dq_compute_wg0, args), (_dq_compute_wg1, args), (_dq_load_all, args)], [4, 1],
-                       [240, 24])
+    if NUM_WG == 3:
+        gl.warp_specialize([(_dq_compute_wg0, args), (_dq_compute_wg1, args), (_dq_compute_wg2, args),
+                            (_dq_load_all, args)], [4, 4, 1], [160, 160, 24])
+    else:
+        gl.warp_specialize([(_dq_compute_wg0, args), (_dq_compute_wg1, args), (_dq_load_all, args)], [4, 1],
+                           [240, 24])

@@ -452,25 +452,30 @@ def test_kernels_compile_for_sm90(tmp_path):
     r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs"], env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # 8 Triton kernels + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128, dense and with ACP
-    assert r.stdout.count(" ok (") == 20, r.stdout
+    # 8 Triton kernels + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP
+    assert r.stdout.count(" ok (") == 17, r.stdout
+
+    def consts(line, *keys):
+        return (int(re.search(rf"'{key}': (\d+)", line).group(1)) for key in keys)
+
     for line in (ln for ln in r.stdout.splitlines() if "fox_fwd_sm90_kernel" in ln):
-        # K and V stages plus both warpgroups' Q rows, within sm90's limit (checked by the script)
+        # K and V stages plus every consumer warpgroup's Q rows, within sm90's limit (checked by the script)
         shared = int(re.search(r"ok \((\d+) bytes shared", line).group(1))
-        d = int(re.search(r"'HEAD_DIM': (\d+)", line).group(1))
-        assert shared >= 2 * 2 * 128 * d * 2 + 128 * d * 2, line
+        d, bm, bn, wgs = consts(line, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "NUM_WG")
+        stages = int(re.search(r"stages (\d+)", line).group(1))
+        assert shared >= stages * 2 * bn * d * 2 + wgs * bm * d * 2, line
     for line in (ln for ln in r.stdout.splitlines() if "fox_bwd_dkdv_sm90_kernel" in ln):
         # K and V of the 128-key block plus the stages of Q and dO tiles, within sm90's limit
         shared = int(re.search(r"ok \((\d+) bytes shared", line).group(1))
-        d, bm = (int(re.search(rf"'{key}': (\d+)", line).group(1)) for key in ("HEAD_DIM", "BLOCK_M"))
+        d, bm = consts(line, "HEAD_DIM", "BLOCK_M")
         stages = int(re.search(r"stages (\d+)", line).group(1))
         assert shared >= 2 * 128 * d * 2 + stages * 2 * bm * d * 2, line
     for line in (ln for ln in r.stdout.splitlines() if "fox_bwd_dq_sm90_kernel" in ln):
-        # both warpgroups' Q and dO rows plus the K and V stages, within sm90's limit
+        # every consumer warpgroup's Q and dO rows plus the K and V stages, within sm90's limit
         shared = int(re.search(r"ok \((\d+) bytes shared", line).group(1))
-        d, bm, bn = (int(re.search(rf"'{key}': (\d+)", line).group(1)) for key in ("HEAD_DIM", "BLOCK_M", "BLOCK_N"))
+        d, bm, bn, wgs = consts(line, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "NUM_WG")
         stages = int(re.search(r"stages (\d+)", line).group(1))
-        assert shared >= 2 * 2 * bm * d * 2 + stages * 2 * bn * d * 2, line
+        assert shared >= 2 * wgs * bm * d * 2 + stages * 2 * bn * d * 2, line
     fwd = next(line for line in r.stdout.splitlines() if "_attn_fwd_kernel" in line and "'HAS_START': False" in line)
     shared, regs = (int(x) for x in re.search(r"ok \((\d+) bytes shared, (\d+) registers", fwd).groups())
     # the pipelined forward keeps 3 stages of K and V tiles (64 x 64 bf16 each) in shared memory; without the

@@ -238,9 +238,10 @@ def _hopper():
     (2, 1000, 1000, 4, 2, 128, torch.bfloat16, None),   # T not a multiple of the tiles, GQA, rows past the batch
     (1, 300, 1111, 4, 1, 128, torch.float16, None),     # Tq < Tk, MQA, fp16
     (1, 1, 77, 2, 2, 128, torch.bfloat16, None),        # one query
-    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 3)),
-    (1, 4096, 4096, 2, 2, 64, torch.bfloat16, (64, 64, 4)),
-    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 64, 3)),
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 3, 2)),
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 3, 3)),  # three consumer warpgroups
+    (1, 4096, 4096, 2, 2, 64, torch.bfloat16, (64, 64, 4, 3)),
+    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 64, 3, 2)),
 ])
 def test_gluon_forward(B, Tq, Tk, H, Hkv, D, dtype, config):
     """The warp-specialised Gluon forward (``_fwd_launch_sm90``): o within the bf16 bound of the float64
@@ -293,9 +294,10 @@ def test_gluon_dkdv(B, Tq, Tk, H, Hkv, D, dtype, config):
     (2, 1000, 1000, 4, 2, 128, torch.bfloat16, None),   # a partial last query block, GQA, rows past the batch
     (1, 300, 1111, 4, 1, 128, torch.float16, None),     # Tq < Tk, MQA, fp16
     (1, 1, 77, 2, 2, 64, torch.bfloat16, None),         # one query
-    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 2)),
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 2, 2)),
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 64, 3, 3)),   # three consumer warpgroups
     (1, 4096, 4096, 2, 2, 64, torch.bfloat16, None),
-    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 128, 2)),
+    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 128, 2, 2)),
 ])
 def test_gluon_dq(B, Tq, Tk, H, Hkv, D, dtype, config):
     """The warp-specialised Gluon dq kernel (``_bwd_dq_sm90``): dq and d log f (from its row sums) within the
