@@ -116,21 +116,14 @@ def _prefix_row(PK_base, n0, E, offs_n, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, dk2, pos_k, pos_q, kstart, qk_scale, CAUSAL: gl.constexpr, START: gl.constexpr):
-    """The online-softmax step of one tile of raw scores ``s`` = Q K^T: the scaled scores plus the key part of
-    the decay ``dk2`` (log2 units; the query part is a per-row constant that cancels in the softmax: the caller
-    adds it to the log-sum-exp at the end, which saves one add per score), the causal / ACP masks, then P, the
-    rescale factor of the running sums, the new row maxima and row sums."""
-    s = s * qk_scale + gl.expand_dims(dk2, 0)
+def _mask_tile(s, pos_k, pos_q, kstart, CAUSAL: gl.constexpr, START: gl.constexpr):
+    """Scores of keys after the row's query (``CAUSAL``) or before the row's first kept key under ACP (``START``)
+    set to -inf (forward and dq kernels)."""
     if CAUSAL:
         s = gl.where(gl.expand_dims(pos_k, 0) <= gl.expand_dims(pos_q, 1), s, float("-inf"))
-    if START:  # keys before the row's ACP bound
+    if START:
         s = gl.where(gl.expand_dims(pos_k, 0) >= gl.expand_dims(kstart, 1), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
-    alpha = gl.exp2(m_i - m_safe)
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+    return s
 
 
 @gluon.jit
@@ -138,8 +131,8 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
               v_empty, PK_base, pos_q, kstart, offs_n, qk_scale,
               s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr, CAUSAL: gl.constexpr,
               START: gl.constexpr):
-    """Key block i: S = Q K^T, the softmax, then acc += P V, each MMA waited at once (the two consumer
-    warpgroups overlap each other's MMAs and softmax)."""
+    """Key block i: S = Q K^T, the softmax, then acc += P V, each MMA waited at once (the consumer warpgroups
+    overlap each other's MMAs and softmax)."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
@@ -154,9 +147,16 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
                       use_acc=False, is_async=True)
     s, _, _ = warpgroup_mma_wait(0, deps=(s, q_smem, k_s))
     mbarrier.arrive(k_empty.index(st), count=1)
-    # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g)
-    p, alpha, m_new, l_i = _softmax_tile(s, m_i, l_i, ((tot_k - ck) + g) * LOG2E, n0 + offs_n, pos_q, kstart,
-                                         qk_scale, CAUSAL, START)
+    # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g). The query
+    # part is a per-row constant that cancels in the softmax: _fwd_compute adds it to the log-sum-exp at the
+    # end, which saves one add per score
+    dk2 = ((tot_k - ck) + g) * LOG2E
+    s = _mask_tile(s * qk_scale + gl.expand_dims(dk2, 0), n0 + offs_n, pos_q, kstart, CAUSAL, START)
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - gl.expand_dims(m_safe, 1))
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
     v_s = v_bufs.index(st)
     p16 = gl.convert_layout(p.to(v_s.dtype), p_layout)
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -169,7 +169,7 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
 
 @gluon.jit
 def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WG: gl.constexpr, NUM_WG: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WG, NUM_WG: gl.constexpr,
                 s_layout: gl.constexpr, HAS_ACP: gl.constexpr):
     """A consumer warpgroup's rows WG*BLOCK_M .. of the program's NUM_WG*BLOCK_M-row query block (forward and dq
     kernels): the key-block schedule (top block, causal-masked / clean / total counts, E), the rows and their
@@ -202,7 +202,7 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
     LF_base = LF + b.to(gl.int64) * slb + h.to(gl.int64) * slh
     lf_q = gl.load(LF_base + (Tk - Tq + offs_ms) * slt, mask=offs_ms < Tq, other=0.0)
     rq = gl.sum(lf_q, 0) - gl.associative_scan(lf_q, 0, _add)
-    for w in gl.static_range(WG + 1, NUM_WG):  # plus the log f of the later warpgroups' rows
+    for w in range(WG + 1, NUM_WG):  # plus the log f of the later warpgroups' rows
         offs_r = offs_ms + (w - WG) * BLOCK_M
         rq += gl.sum(gl.load(LF_base + (Tk - Tq + offs_r) * slt, mask=offs_r < Tq, other=0.0), 0)
     rq2 = gl.convert_layout(rq * LOG2E, row_s)
@@ -214,7 +214,7 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
 @gluon.jit
 def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                  LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
-                 sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr,
+                 sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG,
                  NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
     """One consumer warpgroup: the FlashAttention-2 loop of ``_attn_fwd_kernel`` for rows WG*BLOCK_M ..
     of the program's NUM_WG*BLOCK_M-row query block (``q_smem``: this warpgroup's rows). Key blocks in
@@ -272,44 +272,18 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     gl.store(O_base + gl.expand_dims(om, 1) * sot + gl.expand_dims(od, 0), o, mask=gl.expand_dims(om < Tq, 1))
 
 
-# The partitions below share one signature: gl.warp_specialize passes no constexprs (they arrive as tensors), so
-# the tile sizes and the number of consumer warpgroups are read from the shared-memory types (q_smem: NUM_WG x
-# BLOCK_M x D) and ACP from LO's type (int32 table, or a float dummy for the dense kernel).
+# The partitions below take the kernel's arguments: gl.warp_specialize passes no constexprs (they arrive as
+# tensors), so the tile sizes and the number of consumer warpgroups are read from the shared-memory types (q_smem:
+# NUM_WG x BLOCK_M x D), ACP from LO's type (int32 table, or a float dummy for the dense kernel), and a consumer's
+# warpgroup index WG is a run-time value (it only offsets the rows).
 @gluon.jit
 def _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                     LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq,
-                    Tk, sm_scale, WG: gl.constexpr):
+                    Tk, sm_scale, WG):
     _fwd_compute(q_smem.index(WG), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                  LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
                  sm_scale, q_smem.type.shape[1], k_bufs.type.shape[1], k_bufs.type.shape[2], WG, q_smem.type.shape[0],
                  LO.dtype.element_ty == gl.int32)
-
-
-@gluon.jit
-def _fwd_compute_wg0(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
-                     Tq, Tk, sm_scale):
-    _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                    LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
-                    Tq, Tk, sm_scale, 0)
-
-
-@gluon.jit
-def _fwd_compute_wg1(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
-                     Tq, Tk, sm_scale):
-    _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                    LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
-                    Tq, Tk, sm_scale, 1)
-
-
-@gluon.jit
-def _fwd_compute_wg2(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                     LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
-                     Tq, Tk, sm_scale):
-    _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                    LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
-                    Tq, Tk, sm_scale, 2)
 
 
 @gluon.jit
@@ -359,11 +333,11 @@ def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, LO, slb, slt, sl
             LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
             sm_scale)
     if NUM_WG == 3:  # FlashAttention-3's split at head dim 64: more rows share each K/V stage
-        gl.warp_specialize([(_fwd_compute_wg0, args), (_fwd_compute_wg1, args), (_fwd_compute_wg2, args),
-                            (_fwd_load_all, args)], [4, 4, 1], [160, 160, 24])
+        gl.warp_specialize([(_fwd_compute_wg, args + (gl.to_tensor(0),)), (_fwd_compute_wg, args + (gl.to_tensor(1),)),
+                            (_fwd_compute_wg, args + (gl.to_tensor(2),)), (_fwd_load_all, args)], [4, 4, 1], [160, 160, 24])
     else:
-        gl.warp_specialize([(_fwd_compute_wg0, args), (_fwd_compute_wg1, args), (_fwd_load_all, args)], [4, 1],
-                           [240, 24])
+        gl.warp_specialize([(_fwd_compute_wg, args + (gl.to_tensor(0),)), (_fwd_compute_wg, args + (gl.to_tensor(1),)), (_fwd_load_all, args)],
+                           [4, 1], [240, 24])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -720,11 +694,8 @@ def _dq_tile(dq, rowsum, g, ck, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_b
                        use_acc=False, is_async=True)
     s, _, _ = warpgroup_mma_wait(1, deps=(s, q_smem, k_s))
     dk2 = ((tot_k - ck) + g) * LOG2E
-    s = s * qk_scale + (gl.expand_dims(dk2, 0) - gl.expand_dims(rql2, 1))
-    if CAUSAL:
-        s = gl.where(gl.expand_dims(pos_k, 0) <= gl.expand_dims(pos_q, 1), s, float("-inf"))
-    if START:  # keys before the row's ACP bound
-        s = gl.where(gl.expand_dims(pos_k, 0) >= gl.expand_dims(kstart, 1), s, float("-inf"))
+    s = _mask_tile(s * qk_scale + (gl.expand_dims(dk2, 0) - gl.expand_dims(rql2, 1)), pos_k, pos_q, kstart, CAUSAL,
+                   START)
     p = gl.exp2(s)
     dp, _, _ = warpgroup_mma_wait(0, deps=(dp, do_smem, v_s))
     mbarrier.arrive(v_empty.index(st), count=1)
@@ -740,7 +711,7 @@ def _dq_tile(dq, rowsum, g, ck, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_b
 @gluon.jit
 def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA,
                 DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, sm_scale,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG,
                 NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
     """One consumer warpgroup: the loop of ``triton_kernels._attn_bwd_dq_kernel`` for its rows (``q_smem`` /
     ``do_smem``), over the forward's key blocks in the forward's order. Also forms delta = rowsum(o * dO) for its
@@ -798,43 +769,16 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empt
     gl.store(DQ + offs, dq, mask=gl.expand_dims(om < Tq, 1))
 
 
-# The partitions below share one signature (see the forward's: q_smem / do_smem are NUM_WG x BLOCK_M x D, ACP
-# when LO is an int32 pointer).
+# The partitions below take the kernel's arguments (see the forward's: q_smem / do_smem are NUM_WG x BLOCK_M x D,
+# ACP when LO is an int32 pointer, WG at run time).
 @gluon.jit
 def _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
                    k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG: gl.constexpr):
+                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG):
     _dq_compute(q_smem.index(WG), do_smem.index(WG), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                 LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN,
                 H, Tq, Tk, sm_scale, q_smem.type.shape[1], k_bufs.type.shape[1], k_bufs.type.shape[2], WG,
                 q_smem.type.shape[0], LO.dtype.element_ty == gl.int32)
-
-
-@gluon.jit
-def _dq_compute_wg0(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                    k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                    ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
-    _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                   k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, 0)
-
-
-@gluon.jit
-def _dq_compute_wg1(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                    k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                    ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
-    _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                   k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, 1)
-
-
-@gluon.jit
-def _dq_compute_wg2(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                    k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                    ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
-    _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                   k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, 2)
 
 
 @gluon.jit
@@ -865,8 +809,8 @@ def fox_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, LF, PK, O, LSE, DELT
             v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM,
             ACP_GN, H, GROUP, Tq, Tk, sm_scale)
     if NUM_WG == 3:
-        gl.warp_specialize([(_dq_compute_wg0, args), (_dq_compute_wg1, args), (_dq_compute_wg2, args),
-                            (_dq_load_all, args)], [4, 4, 1], [160, 160, 24])
+        gl.warp_specialize([(_dq_compute_wg, args + (gl.to_tensor(0),)), (_dq_compute_wg, args + (gl.to_tensor(1),)),
+                            (_dq_compute_wg, args + (gl.to_tensor(2),)), (_dq_load_all, args)], [4, 4, 1], [160, 160, 24])
     else:
-        gl.warp_specialize([(_dq_compute_wg0, args), (_dq_compute_wg1, args), (_dq_load_all, args)], [4, 1],
-                           [240, 24])
+        gl.warp_specialize([(_dq_compute_wg, args + (gl.to_tensor(0),)), (_dq_compute_wg, args + (gl.to_tensor(1),)), (_dq_load_all, args)],
+                           [4, 1], [240, 24])
