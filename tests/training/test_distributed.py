@@ -39,8 +39,18 @@ def torchrun(data_dir, out, *extra):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *cmd[1:]]
 
 
+@pytest.fixture(scope="module")
+def single_run(data_dir, tmp_path_factory):  # noqa: F811
+    """metrics.jsonl rows of the 8-step run on one process (run once for both strategies)."""
+    out = tmp_path_factory.mktemp("single")
+    res = subprocess.run(command(data_dir, out, "train.max_steps=8", "eval.per_token_loss=false"), cwd=ROOT,
+                         env=ENV, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return rows(out)
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_two_ranks_kill_and_resume(data_dir, tmp_path, strategy):  # noqa: F811
+def test_two_ranks_kill_and_resume(data_dir, single_run, tmp_path, strategy):  # noqa: F811
     extra = (f"strategy={strategy}", "train.max_steps=8", "eval.per_token_loss=false")
     full = tmp_path / "full"
     res = subprocess.run(torchrun(data_dir, full, *extra), cwd=ROOT, env=ENV, capture_output=True, text=True,
@@ -78,11 +88,7 @@ def test_two_ranks_kill_and_resume(data_dir, tmp_path, strategy):  # noqa: F811
             assert a.get(key) == b.get(key), (a["step"], key, a.get(key), b.get(key))
 
     # The same global batch on one process gives the same losses up to float32 reduction order.
-    single = tmp_path / "single"
-    res = subprocess.run(command(data_dir, single, "train.max_steps=8", "eval.per_token_loss=false"), cwd=ROOT,
-                         env=ENV, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    for a, b in zip(reference, rows(single)):
+    for a, b in zip(reference, single_run):
         for key in ("loss", "heldout_loss"):
             if key in a:
                 assert abs(a[key] - b[key]) < 1e-4 * abs(b[key]), (a["step"], key, a[key], b[key])
