@@ -127,12 +127,18 @@ def _desc(rows, head_dim):
     return f"tensordesc<bf16[{rows},{head_dim}],{layout!r}>"
 
 
+def _vec(block):
+    from triton.experimental.gluon import language as gl
+
+    return f"tensordesc<fp32[{block}],{gl.NVMMASharedLayout.get_default_for([block], gl.float32)!r}>"
+
+
 def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
     """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``), dense or with ACP."""
     from forgetting_transformer.ops import gluon_kernels as gk
 
     types = dict(q_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),
-                 v_desc=_desc(block_n, head_dim), LF=F32, PK=F32, O=BF16, LSE=F32, LO=I32 if has_acp else F32,
+                 v_desc=_desc(block_n, head_dim), ck_desc=_vec(block_n), LF=F32, PK=F32, O=BF16, LSE=F32, LO=I32 if has_acp else F32,
                  sm_scale="fp32")
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages, NUM_WG=consumers)
     return compile_gluon(gk.fox_fwd_sm90_kernel, consts, types,
@@ -144,27 +150,26 @@ def compile_gluon_dq(head_dim, block_m, block_n, num_stages, consumers, has_acp,
     from forgetting_transformer.ops import gluon_kernels as gk
 
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim),
-                 k_desc=_desc(block_n, head_dim), v_desc=_desc(block_n, head_dim), LF=F32, PK=F32, O=BF16, LSE=F32,
+                 k_desc=_desc(block_n, head_dim), v_desc=_desc(block_n, head_dim), ck_desc=_vec(block_n), LF=F32,
+                 PK=F32, O=BF16, LSE=F32,
                  DELTA=F32, DQ=BF16, DROW=F32, LO=I32 if has_acp else F32, sm_scale="fp32")
     return compile_gluon(gk.fox_bwd_dq_sm90_kernel, dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
                          ("LF", "PK", "O", "LSE", "DELTA", "DQ", "DROW", "LO", "slb", "sqb", "sqt", "sqh", "spp",
                           "spr"), arch, consumers)
 
 
-def compile_gluon_bwd(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
-    """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``; two consumer warpgroups)."""
-    assert consumers == 2, consumers
-    from triton.experimental.gluon import language as gl
-
+def compile_gluon_bwd(head_dim, block_m, keys, num_stages, consumers, has_acp, arch=90):
+    """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``), dense or with ACP: ``consumers``
+    warpgroups of ``keys`` keys each."""
     from forgetting_transformer.ops import gluon_kernels as gk
 
-    vec = f"tensordesc<fp32[{block_m}],{gl.NVMMASharedLayout.get_default_for([block_m], gl.float32)!r}>"
-    types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),
-                 v_desc=_desc(block_n, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, LF=F32, PQ=F32, DK=BF16,
+    vec = _vec(block_m)
+    types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(keys, head_dim),
+                 v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, LF=F32, PQ=F32, DK=BF16,
                  DV=BF16, DCOL=F32, HI=I32 if has_acp else F32, sm_scale="fp32")
-    return compile_gluon(gk.fox_bwd_dkdv_sm90_kernel, dict(NUM_STAGES=num_stages), types,
+    return compile_gluon(gk.fox_bwd_dkdv_sm90_kernel, dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
                          ("LF", "PQ", "DK", "DV", "DCOL", "HI", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
-                         arch)
+                         arch, consumers)
 
 
 def main():
@@ -184,14 +189,16 @@ def main():
         todo = [(name, consts, w, s, lambda n=name, c=consts, w=w, s=s: compile_one(getattr(tk, n), c, arch, w, s))
                 for name, consts, w, s in cases(args.quick)]
         if arch >= 90:  # the Gluon kernels: Hopper only
-            # configs: (rows per consumer warpgroup, BLOCK_N, stages[, consumer warpgroups: dk/dv has 2])
+            # configs: (rows per consumer warpgroup, BLOCK_N, stages, consumer warpgroups); dk/dv's: (BLOCK_M,
+            # keys per consumer warpgroup, stages, consumer warpgroups)
             for kind, configs, fn in (("fox_fwd_sm90_kernel", _SM90_CONFIGS, compile_gluon_fwd),
                                       ("fox_bwd_dq_sm90_kernel", _SM90_DQ_CONFIGS, compile_gluon_dq),
                                       ("fox_bwd_dkdv_sm90_kernel", _SM90_BWD_CONFIGS, compile_gluon_bwd)):
                 # (--quick: the ACP variants at head dim 64 only, the named model sizes' head dim)
-                todo += [(kind, dict(HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, NUM_WG=wgs, HAS_ACP=acp), 4, st,
+                tile = "KEYS" if kind == "fox_bwd_dkdv_sm90_kernel" else "BLOCK_N"
+                todo += [(kind, {"HEAD_DIM": D, "BLOCK_M": bm, tile: bn, "NUM_WG": wgs, "HAS_ACP": acp}, 4, st,
                           lambda D=D, bm=bm, bn=bn, st=st, wgs=wgs, acp=acp, fn=fn: fn(D, bm, bn, st, wgs, acp, arch))
-                         for D, (bm, bn, st, wgs) in sorted((D, (*c, 2)[:4]) for D, c in configs.items())
+                         for D, (bm, bn, st, wgs) in sorted(configs.items())
                          for acp in ((False, True) if D == 64 or not args.quick else (False,))]
         for name, consts, w, s, compile_fn in todo:
             if arch < 90 and consts.get("HEAD_DIM") == 80:

@@ -8,8 +8,8 @@ then the forward times of the Triton kernel (its heuristic config) and of the Gl
 warpgroup, BLOCK_N, stages, consumer warpgroups) at the benchmark shapes S1..S4 (docs/benchmarks.md, sessions 9
 and 12; ``_SM90_CONFIGS`` holds the picks).
 dk/dv backward (``_bwd_dkdv_sm90``): the same for dk, dv and d log f (from the Gluon kernel's column sums and the
-dq kernel's row sums) against float64 autograd, then the dk/dv kernel times of both at S1..S4 (BLOCK_M, BLOCK_N,
-stages; ``_SM90_BWD_CONFIGS`` holds the picks; TFLOP/s on the kernel's share, 2x the forward's FLOPs).
+dq kernel's row sums) against float64 autograd, then the dk/dv kernel times of both at S1..S4 (BLOCK_M, keys
+per warpgroup, stages, consumer warpgroups; ``_SM90_BWD_CONFIGS`` holds the picks; TFLOP/s on the kernel's share, 2x the forward's FLOPs).
 dq backward (``_bwd_dq_sm90``): the dq kernel times of both at S1..S4 per (rows per warpgroup, BLOCK_N, stages,
 consumer warpgroups) and the relative difference of dq (``_SM90_DQ_CONFIGS`` holds the picks; 1.5x the forward's FLOPs); its
 correctness is ``tests/ops/test_kernel_gpu.py::test_gluon_dq``.
@@ -45,7 +45,7 @@ def check():
     for (B, Tq, Tk, H, Hkv, D), cfg in itertools.product(
             [(2, 1000, 1000, 4, 4, 64), (2, 1000, 1000, 4, 2, 128), (1, 300, 1111, 4, 1, 128), (1, 1, 77, 2, 2, 64),
              (2, 2048, 2048, 2, 2, 128), (3, 129, 129, 2, 2, 64)],
-            [None, (64, 64, 3, 2), (64, 64, 3, 3)]):
+            [None, (64, 64, 3, 2), (64, 64, 3, 3), (64, 128, 2, 3)]):
         q, k, v, lf = inputs(B, Tq, Tk, H, Hkv, D)
         sm = D ** -0.5
         o, lse = fa._fwd_launch_sm90(q, k, v, lf, sm, cfg)
@@ -106,7 +106,7 @@ def check_bwd():
     for (B, Tq, Tk, H, Hkv, D), cfg in itertools.product(
             [(2, 1000, 1000, 4, 2, 128), (1, 300, 1111, 4, 1, 128), (1, 1, 77, 2, 2, 128), (3, 129, 129, 2, 2, 64),
              (2, 2048, 2048, 2, 2, 64), (1, 4096, 4096, 2, 2, 128)],
-            [None, (64, 128, 3)]):
+            [None, (64, 64, 3, 2), (64, 64, 2, 3)]):
         q, k, v, lf = inputs(B, Tq, Tk, H, Hkv, D)
         sm = D ** -0.5
         do, pq, lse, delta, drow = bwd_inputs(q, k, v, lf, sm)
@@ -151,15 +151,15 @@ if __name__ == "__main__":
     ap.add_argument("--only", choices=("fwd", "bwd", "dq"))
     args = ap.parse_args()
     if args.only in (None, "dq"):
-        bench_dq({64: [(64, 64, 3, 2), (64, 64, 3, 3), (64, 64, 2, 3), (64, 64, 4, 3)],
-                  128: [(64, 64, 2, 2), (64, 64, 2, 3)]})
+        bench_dq({64: [(64, 64, 4, 3), (64, 64, 3, 3), (64, 128, 2, 3), (64, 64, 3, 2), (64, 128, 2, 2)],
+                  128: [(64, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 3)]})
     if args.only in (None, "fwd"):
         if not args.no_check:
             check()
-        bench({64: [(64, 128, 3, 2), (64, 128, 3, 3), (64, 128, 2, 3), (64, 64, 4, 3), (64, 64, 3, 3)],
-               128: [(64, 128, 2, 2), (64, 64, 4, 3), (64, 64, 3, 3)]})
+        bench({64: [(64, 128, 3, 2), (64, 128, 3, 3), (64, 128, 2, 3), (64, 128, 4, 2), (64, 64, 4, 3)],
+               128: [(64, 128, 2, 2), (64, 64, 4, 3), (64, 128, 2, 3)]})
     if args.only in (None, "bwd"):
         if not args.no_check:
             check_bwd()
-        bench_bwd({64: [(64, 128, 2), (64, 128, 3), (64, 128, 4), (32, 128, 3), (32, 128, 4), (128, 128, 2)],
-                   128: [(64, 128, 2), (64, 128, 3), (32, 128, 3), (32, 128, 4)]})
+        bench_bwd({64: [(128, 64, 2, 2), (64, 64, 2, 2), (64, 64, 3, 2), (64, 64, 3, 3), (32, 64, 4, 3)],
+                   128: [(64, 64, 2, 2), (64, 64, 3, 2)]})

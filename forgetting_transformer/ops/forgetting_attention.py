@@ -277,8 +277,10 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
     return o, lse
 
 
-# (rows per consumer warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups) of the Gluon sm90 forward per head dim
-_SM90_CONFIGS = {64: (64, 128, 3, 2), 128: (64, 128, 2, 2)}
+# (rows per consumer warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups) of the Gluon sm90 forward per head dim;
+# it runs at every head dim listed, where it beats the Triton forward on an H200 (docs/benchmarks.md, sessions 9
+# and 13: 1.20-1.23x at 128; 0.99x / 1.07x at S1 / S2 with three warpgroups at 64)
+_SM90_CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 2, 2)}
 
 
 def _sm90_maxnreg(num_warps):
@@ -288,16 +290,13 @@ def _sm90_maxnreg(num_warps):
     return min(255, 65536 // ((num_warps + 4) * 32) // 8 * 8)
 
 
-_SM90_HEAD_DIMS = (128,)  # where the Gluon forward beats the Triton one on an H200 (docs/benchmarks.md, session 9)
-
-
-# (BLOCK_M query rows per tile, BLOCK_N keys per program = 2 consumer warpgroups, NUM_STAGES) of the Gluon sm90
+# (BLOCK_M query rows per tile, keys per consumer warpgroup, NUM_STAGES, consumer warpgroups) of the Gluon sm90
 # dk/dv backward per head dim, the fastest at S1..S4 (docs/benchmarks.md, session 10); it runs at every head dim
 # listed (1.15-1.21x the Triton dk/dv kernel there)
-_SM90_BWD_CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
+_SM90_BWD_CONFIGS = {64: (128, 64, 2, 2), 128: (64, 64, 2, 2)}
 
 
-def _use_sm90(q, k, v, head_dims=_SM90_HEAD_DIMS, *more):
+def _use_sm90(q, k, v, head_dims=_SM90_CONFIGS, *more):
     """Whether a causal pass without documents or padding (checked by the caller; dense or with ACP) runs a Gluon
     kernel: a Hopper GPU (compute capability 9.x), 16-bit inputs, a head dim in ``head_dims``, TMA's 16-byte-aligned
     bases (of q, k, v and ``more``), and ``FOX_GLUON`` not "0". The Gluon and Triton kernels compute the same
@@ -328,6 +327,15 @@ def _tma_desc(t, block):
                             _smem_layout((block, D), t.dtype))
 
 
+def _tma_vec(t, block):
+    """1-D TMA descriptor over the flat fp32 ``t`` (at least ``block`` long), blocks of ``block``: the Gluon kernels'
+    rows of PK / PQ (``_block_prefix``), LSE and delta."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    t = t.reshape(-1)
+    return TensorDescriptor(t, [t.numel()], [1], [block], _smem_layout((block,), torch.float32))
+
+
 def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
     """The causal forward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
     (``gluon_kernels``; Hopper only): the same (o, lse) as ``_fwd_launch``."""
@@ -344,7 +352,7 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
     pk, _ = _block_prefix(lf, Tq, query_side=False)
     lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
     gk.fox_fwd_sm90_kernel[(B * H, _cdiv(Tq, wgs * bm))](
-        _tma_desc(q, bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse, lo,
+        _tma_desc(q, bm), _tma_desc(k, bn), _tma_desc(v, bn), _tma_vec(pk, bn), lf, pk, o, lse, lo,
         lf.stride(0), lf.stride(1), lf.stride(2), o.stride(0), o.stride(1), o.stride(2), *pk.stride()[:2],
         *_acp_args(acp_tables, max(16, _next_pow2(D)), rows_only=True), H, H // Hkv, Tq, Tk, sm_scale,
         BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, NUM_STAGES=stages, NUM_WG=wgs,
@@ -372,7 +380,8 @@ def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=
     drow = torch.empty((B, Tq, H), device=q.device, dtype=torch.float32)
     lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
     gk.fox_bwd_dq_sm90_kernel[(B * H, _cdiv(Tq, wgs * bm))](
-        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, bn), _tma_desc(v, bn), lf, pk, o, lse, delta, dq,
+        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, bn), _tma_desc(v, bn), _tma_vec(pk, bn), lf, pk, o, lse,
+        delta, dq,
         drow, lo, lf.stride(0), lf.stride(1), lf.stride(2), q.stride(0), q.stride(1), q.stride(2), *pk.stride()[:2],
         *_acp_args(acp_tables, max(16, _next_pow2(D)), rows_only=True), H, H // Hkv, Tq, Tk, sm_scale,
         NUM_STAGES=stages, NUM_WG=wgs, num_warps=4, maxnreg=_sm90_maxnreg(4 * wgs))
@@ -382,13 +391,11 @@ def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=
 def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_tables=None):
     """The dk/dv backward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
     (``gluon_kernels``; Hopper only): the same (dk, dv, dcol) as ``_bwd_dkdv``."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from . import gluon_kernels as gk
 
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    bm, bn, stages = config or _SM90_BWD_CONFIGS[D]
+    bm, keys, stages, wgs = config or _SM90_BWD_CONFIGS[D]
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     svr = _cdiv(Tq, 4) * 4  # a TMA copy starts at a 16-byte boundary: rows of LSE and delta padded to 4 floats
 
@@ -398,18 +405,18 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_t
         t = t.reshape(-1)
         if t.numel() < bm:  # a block no longer than the tensor (zeros; rows past Tq are masked)
             t = torch.nn.functional.pad(t, (0, bm - t.numel()))
-        return TensorDescriptor(t, [t.numel()], [1], [bm], _smem_layout((bm,), torch.float32))
+        return _tma_vec(t, bm)
 
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
-    gk.fox_bwd_dkdv_sm90_kernel[(B * Hkv, _cdiv(Tk, bn))](
-        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, bn), _tma_desc(v, bn),
+    gk.fox_bwd_dkdv_sm90_kernel[(B * Hkv, _cdiv(Tk, wgs * keys))](
+        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys),
         vec(pq, rows=False), vec(lse), vec(delta), lf, pq, dk, dv, dcol,
         dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
         lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
         *_acp_args(acp_tables, max(16, _next_pow2(D)))[1:], H, H // Hkv, Tq, Tk, sm_scale,
-        NUM_STAGES=stages, num_warps=4, maxnreg=_sm90_maxnreg(8))
+        NUM_STAGES=stages, NUM_WG=wgs, num_warps=4, maxnreg=_sm90_maxnreg(4 * wgs))
     return dk, dv, dcol
 
 

@@ -7,14 +7,17 @@ docstring (docs/kernel.md). The forward:
 One program per (query block of NUM_WG * BLOCK_M rows, batch*head), heaviest blocks first, with the numerics of
 ``triton_kernels._attn_fwd_kernel`` (block-local log f prefix sums, base-2 online softmax, the same o and
 log-sum-exp), in three partitions:
-  * a one-warp loader (24 registers after ``setmaxnreg``) issues TMA copies of Q and of each key block's K and V
-    into a ring of NUM_STAGES shared-memory stages, K and V on separate mbarriers;
+  * a one-warp loader (24 registers after ``setmaxnreg``) issues TMA copies of Q and of each key block's K (with
+    the block's row of PK, the block-local log f prefix sums) and V into a ring of NUM_STAGES shared-memory
+    stages, K and V on separate mbarriers;
   * NUM_WG consumer warpgroups (2: the default partition and a worker, 240 registers each; 3: 160 each, the
-    dq kernel's pick at head dim 64), BLOCK_M query rows each, run wgmma for Q K^T and P V and the softmax, and
+    pick of the forward and the dq kernel at head dim 64), BLOCK_M query rows each, run wgmma for Q K^T and P V and the softmax, and
     free a stage with one mbarrier arrive each once their MMA has read it. They synchronise only through those
     barriers, so one warpgroup's softmax overlaps the others' MMAs (the ping-pong FlashAttention-3 schedules
     explicitly);
-  * each consumer loads the next key block's log f prefix sums one tile ahead (off the critical path).
+  * each consumer reads a key block's prefix sums from shared memory when it needs them (a prefetched copy in
+    registers, with its pointers, cost 32 + 64 registers per thread at BLOCK_N = 128 and made three warpgroups
+    spill) and loads only the block's total one tile ahead.
 All three kernels run causal attention, dense or with ACP (the forward and dq kernels read ACP's LO table, the
 dk/dv kernel its HI table: the same pruned region as the Triton kernels); documents and left padding stay with
 the Triton kernels. ``forgetting_attention._use_sm90`` decides.
@@ -66,10 +69,10 @@ def _schedule(pid_m, Tq, Tk, lo_blk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-              LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, HAS_ACP: gl.constexpr):
-    """Loader partition: each consumer warpgroup's Q rows (one barrier), then K and V of each key block
-    (``_kv_ring_load``)."""
+def _fwd_load(q_desc, k_desc, v_desc, ck_desc, q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty,
+              v_empty, LO, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, HAS_ACP: gl.constexpr):
+    """Loader partition: each consumer warpgroup's Q rows (one barrier), then K (with its PK row) and V of each
+    key block (``_kv_ring_load``)."""
     NUM_WG: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
@@ -84,14 +87,27 @@ def _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_
     for w in gl.static_range(NUM_WG):
         tma.async_copy_global_to_shared(q_desc, [b * Tq + (pid_m * NUM_WG + w) * BLOCK_M, h * HEAD_DIM], q_bar,
                                         q_smem.index(w))
-    _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, b * Tk + n_top,
-                  (h // GROUP) * HEAD_DIM, n_total)
+    _kv_ring_load(k_desc, v_desc, ck_desc, k_bufs, v_bufs, ck_bufs, k_ready, v_ready, k_empty, v_empty,
+                  b * Tk + n_top, (h // GROUP) * HEAD_DIM, _pk_row(pid_bh, spp, spr, BLOCK_N) + n_top, n_total)
 
 
 @gluon.jit
-def _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, row_top, col, n_total):
+def _pk_row(pid_bh, spp, spr, BLOCK_N: gl.constexpr):
+    """The flat offset in PK (``forgetting_attention._block_prefix``: (4, B*H, TPAD)) of head ``pid_bh``'s
+    prefix sums within aligned blocks of BLOCK_N keys."""
+    gl.static_assert(BLOCK_N == 16 or BLOCK_N == 32 or BLOCK_N == 64 or BLOCK_N == 128)
+    PLANE: gl.constexpr = (BLOCK_N >= 32) + (BLOCK_N >= 64) + (BLOCK_N >= 128)
+    return PLANE * spp + pid_bh * spr
+
+
+@gluon.jit
+def _kv_ring_load(k_desc, v_desc, ck_desc, k_bufs, v_bufs, ck_bufs, k_ready, v_ready, k_empty, v_empty, row_top, col,
+                  ck_top, n_total):
     """K and V of ``n_total`` key blocks, from row ``row_top`` downwards, into stage i % NUM_STAGES, each on its
-    own barrier so Q K^T can start before V has arrived (the forward's and the dq kernel's loader)."""
+    own barrier so Q K^T can start before V has arrived (the forward's and the dq kernel's loader). The block's
+    row of PK (block-local log f prefix sums, from flat offset ``ck_top`` downwards) comes with K: the consumers
+    read it from shared memory when they need it instead of holding a prefetched copy and its pointers in
+    registers."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
     for i in range(n_total):
@@ -99,20 +115,19 @@ def _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_e
         ph = (i // NUM_STAGES) & 1
         row = row_top - i * BLOCK_N
         mbarrier.wait(k_empty.index(st), ph ^ 1)  # fresh barriers count as a completed phase 1
-        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes)
+        mbarrier.expect(k_ready.index(st), k_desc.block_type.nbytes + ck_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, col], k_ready.index(st), k_bufs.index(st))
+        tma.async_copy_global_to_shared(ck_desc, [ck_top - i * BLOCK_N], k_ready.index(st), ck_bufs.index(st))
         mbarrier.wait(v_empty.index(st), ph ^ 1)
         mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [row, col], v_ready.index(st), v_bufs.index(st))
 
 
 @gluon.jit
-def _prefix_row(PK_base, n0, E, offs_n, BLOCK_N: gl.constexpr):
-    """The block-local cumsum of log f over the keys of block n0 (padded past Tk) and the block's sum over its
-    keys before E; zeros for n0 < 0 (the prefetch past the last block)."""
-    ck = gl.load(PK_base + n0 + offs_n, mask=n0 + offs_n >= 0, other=0.0)
-    tot = gl.load(PK_base + gl.maximum(gl.minimum(n0 + BLOCK_N, E) - 1, 0))
-    return ck, tot
+def _block_total(PK_base, n0, E, BLOCK_N: gl.constexpr):
+    """The sum of log f over the keys of block n0 before E (a scalar; any value for n0 < 0, the prefetch past
+    the last block)."""
+    return gl.load(PK_base + gl.maximum(gl.minimum(n0 + BLOCK_N, E) - 1, 0))
 
 
 @gluon.jit
@@ -127,7 +142,7 @@ def _mask_tile(s, pos_k, pos_q, kstart, CAUSAL: gl.constexpr, START: gl.constexp
 
 
 @gluon.jit
-def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
+def _fwd_tile(acc, m_i, l_i, g, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs, k_ready, v_ready, k_empty,
               v_empty, PK_base, pos_q, kstart, offs_n, qk_scale,
               s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr, CAUSAL: gl.constexpr,
               START: gl.constexpr):
@@ -139,12 +154,13 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
     st = i % NUM_STAGES
     ph = (i // NUM_STAGES) & 1
     n0 = n_top - i * BLOCK_N
-    # the next block's prefix sums, loaded one tile ahead so their latency is not on the critical path
-    ck_next, tot_next = _prefix_row(PK_base, n0 - BLOCK_N, E, offs_n, BLOCK_N)
+    # the next block's total, loaded one tile ahead so its latency is not on the critical path
+    tot_next = _block_total(PK_base, n0 - BLOCK_N, E, BLOCK_N)
     k_s = k_bufs.index(st)
     mbarrier.wait(k_ready.index(st), ph)
     s = warpgroup_mma(q_smem, k_s.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                       use_acc=False, is_async=True)
+    ck = ck_bufs.index(st).load(gl.SliceLayout(0, s_layout))  # block-local cumsum of log f over the keys
     s, _, _ = warpgroup_mma_wait(0, deps=(s, q_smem, k_s))
     mbarrier.arrive(k_empty.index(st), count=1)
     # key part of the decay: sum_{t=j+1}^{E-1} log f_t = (block-local suffix) + (running total g). The query
@@ -164,7 +180,7 @@ def _fwd_tile(acc, m_i, l_i, g, ck, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, 
     acc = warpgroup_mma(p16, v_s, acc, is_async=True)
     acc, _ = warpgroup_mma_wait(0, deps=(acc, v_s))
     mbarrier.arrive(v_empty.index(st), count=1)
-    return acc, m_new, l_i, g + tot_k, ck_next, tot_next
+    return acc, m_new, l_i, g + tot_k, tot_next
 
 
 @gluon.jit
@@ -212,7 +228,7 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
 
 
 @gluon.jit
-def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _fwd_compute(q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                  LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
                  sm_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG,
                  NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
@@ -242,22 +258,21 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
     g = gl.sum(gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, s_layout)), 0)
-    ck, tot = _prefix_row(PK_base, n_top, E, offs_n, BLOCK_N)
+    tot = _block_total(PK_base, n_top, E, BLOCK_N)
     mbarrier.wait(q_bar, 0)
     for i in range(0, n_masked):
-        acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                              k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart,
-                                              offs_n, qk_scale, s_layout, p_layout, row_o, True, HAS_ACP)
+        acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
+                                          k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
+                                          qk_scale, s_layout, p_layout, row_o, True, HAS_ACP)
     for i in range(n_masked, n_masked + n_clean):
-        acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                              k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart,
-                                              offs_n, qk_scale, s_layout, p_layout, row_o, False, False)
+        acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
+                                          k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
+                                          qk_scale, s_layout, p_layout, row_o, False, False)
     if HAS_ACP:  # (compiled out of the dense kernel)
         for i in range(n_masked + n_clean, n_total):
-            acc, m_i, l_i, g, ck, tot = _fwd_tile(acc, m_i, l_i, g, ck, tot, i, n_top, E, q_smem, k_bufs,
-                                                  v_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
-                                                  kstart, offs_n, qk_scale, s_layout, p_layout, row_o, False,
-                                                  True)
+            acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
+                                              ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart,
+                                              offs_n, qk_scale, s_layout, p_layout, row_o, False, True)
 
     l_ok = l_i > 0.0
     lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)) - rq2, 0.0)  # with the decay's query part
@@ -277,29 +292,31 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_emp
 # NUM_WG x BLOCK_M x D), ACP from LO's type (int32 table, or a float dummy for the dense kernel), and a consumer's
 # warpgroup index WG is a run-time value (it only offsets the rows).
 @gluon.jit
-def _fwd_compute_wg(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                    LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq,
-                    Tk, sm_scale, WG):
-    _fwd_compute(q_smem.index(WG), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _fwd_compute_wg(q_desc, k_desc, v_desc, ck_desc, q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready,
+                    k_empty, v_empty, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM,
+                    ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG):
+    _fwd_compute(q_smem.index(WG), k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                  LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
                  sm_scale, q_smem.type.shape[1], k_bufs.type.shape[1], k_bufs.type.shape[2], WG, q_smem.type.shape[0],
                  LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def _fwd_load_all(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-                  LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq,
-                  Tk, sm_scale):
-    _fwd_load(q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-              LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, LO.dtype.element_ty == gl.int32)
+def _fwd_load_all(q_desc, k_desc, v_desc, ck_desc, q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready,
+                  k_empty, v_empty, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM,
+                  ACP_GN, H, GROUP, Tq, Tk, sm_scale):
+    _fwd_load(q_desc, k_desc, v_desc, ck_desc, q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty,
+              v_empty, LO, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def _kv_ring(k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
-    """The K/V ring of the forward and dq kernels: NUM_STAGES stages of K and V tiles in shared memory, with
-    their ready barriers (one TMA arrival) and empty barriers (one arrive per consumer warpgroup)."""
+def _kv_ring(k_desc, v_desc, ck_desc, NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
+    """The K/V ring of the forward and dq kernels: NUM_STAGES stages of K and V tiles (and K's row of PK) in
+    shared memory, with their ready barriers (one TMA arrival) and empty barriers (one arrive per consumer
+    warpgroup)."""
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    ck_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + ck_desc.block_type.shape, ck_desc.layout)
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -309,28 +326,30 @@ def _kv_ring(k_desc, v_desc, NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
         mbarrier.init(v_ready.index(s), count=1)
         mbarrier.init(k_empty.index(s), count=NUM_WG)
         mbarrier.init(v_empty.index(s), count=NUM_WG)
-    return k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty
+    return k_bufs, v_bufs, ck_bufs, k_ready, v_ready, k_empty, v_empty
 
 
 @gluon.jit
-def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr,
+def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, ck_desc, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr,
                         ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale,
                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
                         NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
     """grid (B*H, cdiv(Tq, NUM_WG*BLOCK_M)), heaviest query blocks first, num_warps=4: NUM_WG (2 or 3) consumer
     warpgroups of BLOCK_M rows each (the default partition and workers; 240 registers each for 2, 160 for 3)
     and a one-warp loader. q_desc / k_desc / v_desc: TMA descriptors over the (B*T, heads*D) views of
-    contiguous q, k, v with blocks [BLOCK_M, D] / [BLOCK_N, D]. Rows that a block reads past its batch element's
+    contiguous q, k, v with blocks [BLOCK_M, D] / [BLOCK_N, D]; ck_desc: 1-D over the flat PK
+    (``forgetting_attention._block_prefix``), blocks [BLOCK_N]. Rows that a block reads past its batch element's
     end are masked (causal) or never stored. ACP when LO is an int32 pointer: ACP's table (B*H, ACP_NQ) on its
     (ACP_GM x ACP_GN) grid (``_acp_tables_kernel``); each row skips the keys below ``LO[row // ACP_GM] *
     ACP_GN``. Dense: any fp32 pointer."""
     gl.static_assert(NUM_WG == 2 or NUM_WG == 3)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
-    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, NUM_STAGES, NUM_WG)
+    k_bufs, v_bufs, ck_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, ck_desc, NUM_STAGES,
+                                                                            NUM_WG)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    args = (q_desc, k_desc, v_desc, q_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
-            LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
+    args = (q_desc, k_desc, v_desc, ck_desc, q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty,
+            v_empty, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
             sm_scale)
     if NUM_WG == 3:  # FlashAttention-3's split at head dim 64: more rows share each K/V stage
         gl.warp_specialize([(_fwd_compute_wg, args + (gl.to_tensor(0),)), (_fwd_compute_wg, args + (gl.to_tensor(1),)),
@@ -374,22 +393,26 @@ def _bwd_acp_end(HI, bh, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BL
 def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
               dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, HI, H, GROUP, Tq, Tk, spp,
               spr, svr, ACP_NK, ACP_GM, ACP_GN, HAS_ACP: gl.constexpr):
-    """Loader partition: this program's K and V block once, then for each query tile (of each query head of the
-    kv head) Q with the tile's rows of PQ (block-local log f prefix sums), LSE and delta on one barrier and dO
-    on another, into stage i % NUM_STAGES, so K Q^T can start before dO lands."""
+    """Loader partition: this program's K and V block once (one TMA copy per consumer warpgroup's keys), then for
+    each query tile (of each query head of the kv head) Q with the tile's rows of PQ (block-local log f prefix
+    sums), LSE and delta on one barrier and dO on another, into stage i % NUM_STAGES, so K Q^T can start before dO
+    lands."""
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     HEAD_DIM: gl.constexpr = q_bufs.type.shape[2]
-    BLOCK_N: gl.constexpr = k_smem.type.shape[0]
+    NUM_WG: gl.constexpr = k_smem.type.shape[0]
+    KEYS: gl.constexpr = k_smem.type.shape[1]
+    BLOCK_N: gl.constexpr = NUM_WG * KEYS
     PLANE: gl.constexpr = (BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)  # PQ's plane for tiles of BLOCK_M
     HKV = H // GROUP
     b = gl.program_id(0) // HKV
     hk = gl.program_id(0) % HKV
     n0 = gl.program_id(1) * BLOCK_N
     mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n0, Tq, Tk, BLOCK_M, BLOCK_N)
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [b * Tk + n0, hk * HEAD_DIM], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [b * Tk + n0, hk * HEAD_DIM], kv_bar, v_smem)
+    mbarrier.expect(kv_bar, NUM_WG * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+    for w in gl.static_range(NUM_WG):
+        tma.async_copy_global_to_shared(k_desc, [b * Tk + n0 + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
+        tma.async_copy_global_to_shared(v_desc, [b * Tk + n0 + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
     q_bytes: gl.constexpr = q_desc.block_type.nbytes + 3 * cq_desc.block_type.nbytes
     i = mb_first * 0  # stage counter over all heads' tiles
     for gi in range(GROUP):
@@ -466,12 +489,12 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
 @gluon.jit
 def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready, do_ready, q_empty,
                  do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM,
-                 ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG: gl.constexpr, HAS_ACP: gl.constexpr):
-    """One consumer warpgroup: keys WG*KEYS .. of the program's key block (``k_s`` / ``v_s``: this warpgroup's
-    rows), the loop of ``triton_kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head: the
+                 ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
+    """One consumer warpgroup: keys WG*KEYS .. of the program's NUM_WG*KEYS-key block (``k_s`` / ``v_s``: this
+    warpgroup's rows), the loop of ``triton_kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head: the
     causal diagonal tiles, the clean ones, then those with rows past Tq or (ACP) rows that some of the keys do
     not reach. Under ACP key j reaches rows below ``(HI[j // ACP_GN] + 1) * ACP_GM`` (the region the LO table
-    leaves to the forward: LO grows with the query block); the last tile is the program's (both warpgroups
+    leaves to the forward: LO grows with the query block); the last tile is the program's (all warpgroups
     consume one ring of stages)."""
     num_warps: gl.constexpr = 4
     KEYS: gl.constexpr = k_s.type.shape[0]
@@ -488,8 +511,8 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     HKV = H // GROUP
     b = gl.program_id(0) // HKV
     hk = gl.program_id(0) % HKV
-    n_blk = gl.program_id(1) * 2 * KEYS
-    mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, 2 * KEYS)
+    n_blk = gl.program_id(1) * NUM_WG * KEYS
+    mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, NUM_WG * KEYS)
     off = Tk - Tq
     n0 = n_blk + WG * KEYS
     pos_k = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
@@ -520,8 +543,8 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
         PQ_base = PQ + PLANE * spp.to(gl.int64) + bh.to(gl.int64) * spr
         colsum = gl.zeros([KEYS], gl.float32, gl.SliceLayout(1, s_layout))
         khi = gl.zeros([KEYS], gl.int32, gl.SliceLayout(1, s_layout))
-        mb_end_h = _bwd_acp_end(HI, bh, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M, 2 * KEYS,
-                                HAS_ACP)
+        mb_end_h = _bwd_acp_end(HI, bh, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M,
+                                NUM_WG * KEYS, HAS_ACP)
         mb_mid_h = gl.minimum(mb_mid, mb_end_h)
         mb_clean_h = gl.minimum(mb_clean, mb_end_h)
         if HAS_ACP:  # rows at/after khi[j] do not see key j; tiles from the first such row on are masked
@@ -558,40 +581,17 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     gl.store(DV + base + offs, gl.convert_layout(dv.to(DV.dtype.element_ty), out_layout), mask=ok)
 
 
-# The partitions below share one signature (see the forward's: ACP when HI is an int32 pointer); k_smem / v_smem
-# hold both warpgroups' keys.
+# The partitions below share one signature (see the forward's: ACP when HI is an int32 pointer, WG at run time);
+# k_smem / v_smem are NUM_WG x KEYS x D.
 @gluon.jit
 def _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
                     dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
                     slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
-                    sm_scale, WG: gl.constexpr):
-    KEYS: gl.constexpr = k_smem.type.shape[0] // 2
-    _bwd_compute(k_smem.slice(WG * KEYS, KEYS), v_smem.slice(WG * KEYS, KEYS), q_bufs, do_bufs, cq_bufs, lse_bufs,
-                 dl_bufs, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh,
-                 sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG,
+                    sm_scale, WG):
+    _bwd_compute(k_smem.index(WG), v_smem.index(WG), q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready,
+                 do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr,
+                 ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, k_smem.type.shape[0],
                  HI.dtype.element_ty == gl.int32)
-
-
-@gluon.jit
-def _bwd_compute_wg0(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
-                     lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK,
-                     DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP,
-                     Tq, Tk, sm_scale):
-    _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
-                    dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
-                    slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
-                    sm_scale, 0)
-
-
-@gluon.jit
-def _bwd_compute_wg1(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs,
-                     lse_bufs, dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK,
-                     DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP,
-                     Tq, Tk, sm_scale):
-    _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
-                    dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
-                    slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
-                    sm_scale, 1)
 
 
 @gluon.jit
@@ -607,13 +607,13 @@ def _bwd_load_all(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q
 @gluon.jit
 def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, LF, PQ, DK, DV, DCOL, HI,
                              slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
-                             sm_scale, NUM_STAGES: gl.constexpr):
-    """grid (B*Hkv, cdiv(Tk, BLOCK_N)), heaviest (first) key blocks first, num_warps=4: two consumer warpgroups
-    of BLOCK_N / 2 keys each (the default partition and a worker) and a one-warp loader. q_desc / do_desc: TMA
-    descriptors over the (B*Tq, H*D) views of contiguous q and do, blocks [BLOCK_M, D]; k_desc / v_desc: over
-    (B*Tk, Hkv*D), blocks [BLOCK_N, D]; cq_desc / lse_desc / dl_desc: 1-D, blocks [BLOCK_M], over the flat PQ
-    (``_block_prefix_kernel``), the forward's LSE and the dq kernel's delta (both (B*H, svr): rows padded to a
-    multiple of 4, since a TMA copy must start at a 16-byte boundary). Writes dk (times sm_scale), dv and DCOL
+                             sm_scale, NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
+    """grid (B*Hkv, cdiv(Tk, NUM_WG*KEYS)), heaviest (first) key blocks first, num_warps=4: NUM_WG (2 or 3)
+    consumer warpgroups of KEYS keys each (the default partition and workers; 240 registers each for 2, 160 for 3)
+    and a one-warp loader. q_desc / do_desc: TMA descriptors over the (B*Tq, H*D) views of contiguous q and do,
+    blocks [BLOCK_M, D]; k_desc / v_desc: over (B*Tk, Hkv*D), blocks [KEYS, D]; cq_desc / lse_desc / dl_desc:
+    1-D, blocks [BLOCK_M], over the flat PQ (``_block_prefix_kernel``), the forward's LSE and the dq kernel's delta
+    (both (B*H, svr): rows padded to a multiple of 4, since a TMA copy must start at a 16-byte boundary). Writes dk (times sm_scale), dv and DCOL
     (B, Tk, H), the column sums of dS. ACP when HI is an int32 pointer: ACP's table (B*H, ACP_NK) on its
     (ACP_GM x ACP_GN) grid, the last query block that sees each key block (dense: any fp32 pointer)."""
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -621,8 +621,9 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
     cq_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
     lse_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
     dl_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+    gl.static_assert(NUM_WG == 2 or NUM_WG == 3)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_WG] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_WG] + v_desc.block_type.shape, v_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -632,13 +633,18 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(q_ready.index(s), count=1)
         mbarrier.init(do_ready.index(s), count=1)
-        mbarrier.init(q_empty.index(s), count=2)  # one arrive per consumer warpgroup
-        mbarrier.init(do_empty.index(s), count=2)
+        mbarrier.init(q_empty.index(s), count=NUM_WG)  # one arrive per consumer warpgroup
+        mbarrier.init(do_empty.index(s), count=NUM_WG)
     args = (q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
             k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
             slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale)
-    gl.warp_specialize([(_bwd_compute_wg0, args), (_bwd_compute_wg1, args), (_bwd_load_all, args)], [4, 1],
-                       [240, 24])
+    if NUM_WG == 3:
+        gl.warp_specialize([(_bwd_compute_wg, args + (gl.to_tensor(0),)), (_bwd_compute_wg, args + (gl.to_tensor(1),)),
+                            (_bwd_compute_wg, args + (gl.to_tensor(2),)), (_bwd_load_all, args)], [4, 4, 1],
+                           [160, 160, 24])
+    else:
+        gl.warp_specialize([(_bwd_compute_wg, args + (gl.to_tensor(0),)), (_bwd_compute_wg, args + (gl.to_tensor(1),)),
+                            (_bwd_load_all, args)], [4, 1], [240, 24])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -647,10 +653,11 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
 
 
 @gluon.jit
-def _dq_load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
-             v_empty, LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, HAS_ACP: gl.constexpr):
-    """Loader partition: each consumer warpgroup's Q and dO rows (one barrier), then K and V of each key block
-    (``_kv_ring_load``)."""
+def _dq_load(q_desc, do_desc, k_desc, v_desc, ck_desc, q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready,
+             v_ready, k_empty, v_empty, LO, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
+             HAS_ACP: gl.constexpr):
+    """Loader partition: each consumer warpgroup's Q and dO rows (one barrier), then K (with its PK row) and V
+    of each key block (``_kv_ring_load``)."""
     NUM_WG: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[1]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
@@ -666,13 +673,13 @@ def _dq_load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q
         row = b * Tq + (pid_m * NUM_WG + w) * BLOCK_M
         tma.async_copy_global_to_shared(q_desc, [row, h * HEAD_DIM], q_bar, q_smem.index(w))
         tma.async_copy_global_to_shared(do_desc, [row, h * HEAD_DIM], q_bar, do_smem.index(w))
-    _kv_ring_load(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty, b * Tk + n_top,
-                  (h // GROUP) * HEAD_DIM, n_total)
+    _kv_ring_load(k_desc, v_desc, ck_desc, k_bufs, v_bufs, ck_bufs, k_ready, v_ready, k_empty, v_empty,
+                  b * Tk + n_top, (h // GROUP) * HEAD_DIM, _pk_row(pid_bh, spp, spr, BLOCK_N) + n_top, n_total)
 
 
 @gluon.jit
-def _dq_tile(dq, rowsum, g, ck, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs, k_ready, v_ready, k_empty,
-             v_empty, PK_base, rql2, delta, pos_q, kstart, offs_n, qk_scale,
+def _dq_tile(dq, rowsum, g, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs, ck_bufs, k_ready, v_ready,
+             k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart, offs_n, qk_scale,
              s_layout: gl.constexpr, p_layout: gl.constexpr, CAUSAL: gl.constexpr, START: gl.constexpr):
     """One key block of ``triton_kernels._attn_bwd_dq_kernel``: S = Q K^T and dP = dO V^T by wgmma, P from the
     forward's log-sum-exp (in ``rql2``), dS = P (dP - delta), dq += dS K with dS as the register A operand."""
@@ -683,12 +690,13 @@ def _dq_tile(dq, rowsum, g, ck, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_b
     ph = (i // NUM_STAGES) & 1
     n0 = n_top - i * BLOCK_N
     pos_k = n0 + offs_n
-    ck_next, tot_next = _prefix_row(PK_base, n0 - BLOCK_N, E, offs_n, BLOCK_N)
+    tot_next = _block_total(PK_base, n0 - BLOCK_N, E, BLOCK_N)
     k_s = k_bufs.index(st)
     v_s = v_bufs.index(st)
     mbarrier.wait(k_ready.index(st), ph)
     s = warpgroup_mma(q_smem, k_s.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                       use_acc=False, is_async=True)
+    ck = ck_bufs.index(st).load(gl.SliceLayout(0, s_layout))  # block-local cumsum of log f over the keys
     mbarrier.wait(v_ready.index(st), ph)
     dp = warpgroup_mma(do_smem, v_s.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
                        use_acc=False, is_async=True)
@@ -705,11 +713,11 @@ def _dq_tile(dq, rowsum, g, ck, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_b
     dq = warpgroup_mma(ds16, k_s, dq, is_async=True)
     dq, _ = warpgroup_mma_wait(0, deps=(dq, k_s))
     mbarrier.arrive(k_empty.index(st), count=1)
-    return dq, rowsum, g + tot_k, ck_next, tot_next
+    return dq, rowsum, g + tot_k, tot_next
 
 
 @gluon.jit
-def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA,
+def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA,
                 DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, sm_scale,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG,
                 NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
@@ -747,21 +755,21 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empt
     dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     rowsum = gl.zeros([BLOCK_M], gl.float32, row_s)
     g = gl.sum(gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, s_layout)), 0)
-    ck, tot = _prefix_row(PK_base, n_top, E, offs_n, BLOCK_N)
+    tot = _block_total(PK_base, n_top, E, BLOCK_N)
     rql2 = rq2 + lse2
     for i in range(0, n_masked):
-        dq, rowsum, g, ck, tot = _dq_tile(dq, rowsum, g, ck, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs,
-                                          k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart,
-                                          offs_n, qk_scale, s_layout, p_layout, True, HAS_ACP)
+        dq, rowsum, g, tot = _dq_tile(dq, rowsum, g, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs, ck_bufs,
+                                      k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart,
+                                      offs_n, qk_scale, s_layout, p_layout, True, HAS_ACP)
     for i in range(n_masked, n_masked + n_clean):
-        dq, rowsum, g, ck, tot = _dq_tile(dq, rowsum, g, ck, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs,
-                                          k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart,
-                                          offs_n, qk_scale, s_layout, p_layout, False, False)
+        dq, rowsum, g, tot = _dq_tile(dq, rowsum, g, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs, ck_bufs,
+                                      k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart,
+                                      offs_n, qk_scale, s_layout, p_layout, False, False)
     if HAS_ACP:  # (compiled out of the dense kernel)
         for i in range(n_masked + n_clean, n_total):
-            dq, rowsum, g, ck, tot = _dq_tile(dq, rowsum, g, ck, tot, i, n_top, E, q_smem, do_smem, k_bufs,
-                                              v_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta,
-                                              pos_q, kstart, offs_n, qk_scale, s_layout, p_layout, False, True)
+            dq, rowsum, g, tot = _dq_tile(dq, rowsum, g, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs,
+                                          ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q,
+                                          kstart, offs_n, qk_scale, s_layout, p_layout, False, True)
 
     # DROW is (B, Tq, H) contiguous
     gl.store(DROW + (b.to(gl.int64) * Tq + offs_m) * H + h, rowsum, mask=row_ok)
@@ -772,41 +780,43 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empt
 # The partitions below take the kernel's arguments (see the forward's: q_smem / do_smem are NUM_WG x BLOCK_M x D,
 # ACP when LO is an int32 pointer, WG at run time).
 @gluon.jit
-def _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                   k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                   ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG):
-    _dq_compute(q_smem.index(WG), do_smem.index(WG), k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _dq_compute_wg(q_desc, do_desc, k_desc, v_desc, ck_desc, q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar,
+                   k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt,
+                   sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG):
+    _dq_compute(q_smem.index(WG), do_smem.index(WG), k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty, v_empty,
                 LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN,
                 H, Tq, Tk, sm_scale, q_smem.type.shape[1], k_bufs.type.shape[1], k_bufs.type.shape[2], WG,
                 q_smem.type.shape[0], LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def _dq_load_all(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready,
-                 k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
-                 ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
-    _dq_load(q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
-             v_empty, LO, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, LO.dtype.element_ty == gl.int32)
+def _dq_load_all(q_desc, do_desc, k_desc, v_desc, ck_desc, q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar,
+                 k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt,
+                 sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
+    _dq_load(q_desc, do_desc, k_desc, v_desc, ck_desc, q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready,
+             v_ready, k_empty, v_empty, LO, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
+             LO.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def fox_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh,
+def fox_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, ck_desc, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh,
                            sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale,
                            NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
     """grid (B*H, cdiv(Tq, NUM_WG*BLOCK_M)), heaviest query blocks first, num_warps=4: NUM_WG (2 or 3) consumer
     warpgroups of BLOCK_M rows each and a one-warp loader, as in ``fox_fwd_sm90_kernel``. q_desc / do_desc: TMA
     descriptors over the (B*Tq, H*D) views of contiguous q and dO, blocks [BLOCK_M, D]; k_desc / v_desc: over
-    (B*Tk, Hkv*D), blocks [BLOCK_N, D]. O, DQ: contiguous like q (strides sqb, sqt, sqh); LSE / DELTA (B*H, Tq);
+    (B*Tk, Hkv*D), blocks [BLOCK_N, D]; ck_desc: 1-D over the flat PK, blocks [BLOCK_N]. O, DQ: contiguous like q (strides sqb, sqt, sqh); LSE / DELTA (B*H, Tq);
     DROW (B, Tq, H). Writes dq (times sm_scale), delta = rowsum(o * dO) and DROW, the row sums of dS. ACP as in
     the forward."""
     gl.static_assert(NUM_WG == 2 or NUM_WG == 3)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [NUM_WG] + do_desc.block_type.shape, do_desc.layout)
-    k_bufs, v_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, NUM_STAGES, NUM_WG)
+    k_bufs, v_bufs, ck_bufs, k_ready, v_ready, k_empty, v_empty = _kv_ring(k_desc, v_desc, ck_desc, NUM_STAGES,
+                                                                            NUM_WG)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    args = (q_desc, do_desc, k_desc, v_desc, q_smem, do_smem, k_bufs, v_bufs, q_bar, k_ready, v_ready, k_empty,
-            v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM,
+    args = (q_desc, do_desc, k_desc, v_desc, ck_desc, q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready,
+            v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM,
             ACP_GN, H, GROUP, Tq, Tk, sm_scale)
     if NUM_WG == 3:
         gl.warp_specialize([(_dq_compute_wg, args + (gl.to_tensor(0),)), (_dq_compute_wg, args + (gl.to_tensor(1),)),

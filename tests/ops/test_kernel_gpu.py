@@ -240,6 +240,7 @@ def _hopper():
     (1, 1, 77, 2, 2, 128, torch.bfloat16, None),        # one query
     (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 3, 2)),
     (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 3, 3)),  # three consumer warpgroups
+    (2, 1000, 1000, 4, 2, 64, torch.bfloat16, (64, 128, 2, 3)),  # ... with partial last blocks, GQA
     (1, 4096, 4096, 2, 2, 64, torch.bfloat16, (64, 64, 4, 3)),
     (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 64, 3, 2)),
 ])
@@ -263,9 +264,11 @@ def test_gluon_forward(B, Tq, Tk, H, Hkv, D, dtype, config):
     (2, 1000, 1000, 4, 2, 128, torch.bfloat16, None),   # a partial last query tile, GQA, rows past the batch
     (1, 300, 1111, 4, 1, 128, torch.float16, None),     # Tq < Tk (key blocks before the first query), MQA, fp16
     (1, 1, 77, 2, 2, 128, torch.bfloat16, None),        # one query
-    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 128, 2)),
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 64, 2, 2)),
+    (3, 129, 129, 2, 2, 64, torch.bfloat16, (64, 64, 3, 3)),   # three consumer warpgroups (192-key blocks)
+    (2, 1000, 1000, 4, 2, 64, torch.bfloat16, (32, 64, 4, 3)),  # ... with a partial last key block, GQA
     (1, 4096, 4096, 2, 2, 64, torch.bfloat16, None),
-    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 128, 3)),
+    (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 64, 3, 2)),
 ])
 def test_gluon_dkdv(B, Tq, Tk, H, Hkv, D, dtype, config):
     """The warp-specialised Gluon dk/dv kernel (``_bwd_dkdv_sm90``): dk, dv and d log f (from its column sums)
@@ -380,7 +383,7 @@ def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels need a Hopper GPU (compute capability 9.x)")
 def test_gluon_dispatch(monkeypatch):
-    """Dense and ACP calls on Hopper run the Gluon forward (D = 128) and dq and dk/dv kernels (D = 64 and 128);
+    """Dense and ACP calls on Hopper run the Gluon forward, dq and dk/dv kernels (D = 64 and 128);
     ``FOX_GLUON=0`` turns them off, and calls with left padding keep the Triton kernels. fwd + all gradients stay within the
     float64 bounds either way."""
     calls = []
@@ -391,13 +394,13 @@ def test_gluon_dispatch(monkeypatch):
     check(q, k, v, lf)
     assert calls == ["_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90"]
     check(*make(2, 1000, 1000, 4, 2, 64))
-    assert calls[3:] == ["_bwd_dq_sm90", "_bwd_dkdv_sm90"]
+    assert calls[3:] == ["_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90"]
     check(q, k, v, lf, seq_start=torch.tensor([0, 5], device="cuda"))
-    assert len(calls) == 5
+    assert len(calls) == 6
     qn, kn = ((F.normalize(t.float(), dim=-1) * math.sqrt(128)).bfloat16() for t in (q, k))  # ACP runs them too
     w = torch.ones(128, device="cuda")
     check(qn, kn, v, lf, ours_kw=dict(adaptive_threshold="auto", qk_norm_weights=(w, w)))
-    assert calls[5:] == ["_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90"]
+    assert calls[6:] == ["_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90"]
     monkeypatch.setenv("FOX_GLUON", "0")
     check(q, k, v, lf)
-    assert len(calls) == 8
+    assert len(calls) == 9
