@@ -120,11 +120,11 @@ def compile_gluon(fn, consts, types, aligned, arch=90, consumers=2):
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=_sm90_maxnreg(4 * consumers)))
 
 
-def _desc(rows, head_dim, dtype="bf16"):
+def _desc(rows, head_dim):
     from triton.experimental.gluon import language as gl
 
-    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], getattr(gl, {"bf16": "bfloat16"}.get(dtype, "float32")))
-    return f"tensordesc<{dtype}[{rows},{head_dim}],{layout!r}>"
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+    return f"tensordesc<bf16[{rows},{head_dim}],{layout!r}>"
 
 
 def _vec(block):
@@ -158,20 +158,18 @@ def compile_gluon_dq(head_dim, block_m, block_n, num_stages, consumers, has_acp,
                           "spr"), arch, consumers)
 
 
-def compile_gluon_bwd(head_dim, block_m, keys, num_stages, consumers, has_acp, arch=90, fused=False):
+def compile_gluon_bwd(head_dim, block_m, keys, num_stages, consumers, has_acp, arch=90):
     """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``), dense or with ACP: ``consumers``
-    warpgroups of ``keys`` keys each; ``fused``: the one-kernel backward (dq by TMA reduce-adds)."""
+    warpgroups of ``keys`` keys each."""
     from forgetting_transformer.ops import gluon_kernels as gk
 
     vec = _vec(block_m)
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(keys, head_dim),
-                 v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec,
-                 dq_desc=_desc(block_m, head_dim, "fp32") if fused else vec,
-                 rs_desc=_desc(block_m, 8, "fp32") if fused else vec, LF=F32, PQ=F32, DK=BF16,
+                 v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, LF=F32, PQ=F32, DK=BF16,
                  DV=BF16, DCOL=F32, HI=I32 if has_acp else F32, sm_scale="fp32")
-    return compile_gluon(gk.fox_bwd_dkdv_sm90_kernel, dict(NUM_STAGES=num_stages, NUM_WG=consumers, FUSED=fused),
-                         types, ("LF", "PQ", "DK", "DV", "DCOL", "HI", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr",
-                                 "svr"), arch, consumers)
+    return compile_gluon(gk.fox_bwd_dkdv_sm90_kernel, dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
+                         ("LF", "PQ", "DK", "DV", "DCOL", "HI", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
+                         arch, consumers)
 
 
 def main():

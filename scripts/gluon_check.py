@@ -145,68 +145,11 @@ def bench_dq(configs):
     bench_kernel("dq kernel", 1.5, configs, setup)  # 3 matmuls: 1.5x the forward's 2
 
 
-def fused_bwd(do, q, k, v, lf, o, lse, sm, cfg, acp_tables=None):
-    """The one-kernel backward as the op runs it: delta, then dk/dv with dq and the row sums by reduce-adds."""
-    _, pq = fa._block_prefix(lf, q.shape[1])
-    dk, dv, dcol, dq, drow = fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, fa._bwd_delta(o, do), sm, cfg,
-                                               acp_tables=acp_tables, fused=True)
-    return dq, dk, dv, fa._bwd_dlogf(drow, dcol)
-
-
-def two_kernel_bwd(do, q, k, v, lf, o, lse, sm, acp_tables=None):
-    """The Gluon dq kernel, then the Gluon dk/dv kernel (their default configs)."""
-    pk, pq = fa._block_prefix(lf, q.shape[1])
-    dq, drow, delta = fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, acp_tables=acp_tables)
-    dk, dv, dcol = fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, acp_tables=acp_tables)
-    return dq, dk, dv, fa._bwd_dlogf(drow, dcol)
-
-
-def check_fused(configs):
-    print("one-kernel backward correctness: rel L2 vs float64 autograd (dq, dk, dv, d log f), fused (two kernels)")
-    for (B, Tq, Tk, H, Hkv, D) in [(2, 1000, 1000, 4, 2, 64), (1, 300, 1111, 4, 1, 64), (1, 1, 77, 2, 2, 64),
-                                   (3, 129, 129, 2, 2, 64), (1, 4096, 4096, 2, 2, 64), (2, 1000, 1000, 4, 2, 128),
-                                   (1, 4096, 4096, 2, 2, 128)]:
-        for cfg in configs[D]:
-            q, k, v, lf = inputs(B, Tq, Tk, H, Hkv, D)
-            sm = D ** -0.5
-            o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
-            do = torch.randn_like(q)
-            xs = [t.double().requires_grad_() for t in (q, k, v, lf)]
-            ref = torch.autograd.grad(forgetting_attention_ref(*xs), xs, do.double())
-            try:
-                got = fused_bwd(do, q, k, v, lf, o, lse, sm, cfg)
-            except Exception as e:  # noqa: BLE001
-                print(f"  BAD B{B} Tq{Tq} Tk{Tk} H{H}/{Hkv} D{D} cfg {cfg}: {type(e).__name__} {str(e)[:300]}")
-                continue
-            two = two_kernel_bwd(do, q, k, v, lf, o, lse, sm)
-            e = [rel(a, r) for a, r in zip(got, ref)]
-            e2 = [rel(a, r) for a, r in zip(two, ref)]
-            fin = all(torch.isfinite(t).all().item() for t in got)
-            ok = fin and all(a <= 1.2 * b + 1e-4 for a, b in zip(e, e2))
-            print(f"  {'ok ' if ok else 'BAD'} B{B} Tq{Tq} Tk{Tk} H{H}/{Hkv} D{D} cfg {cfg}: " + " ".join(
-                f"{n} {a:.2e} ({b:.2e})" for n, a, b in zip(("dq", "dk", "dv", "dlf"), e, e2)), flush=True)
-
-
-def bench_fused(configs):
-    def setup(q, k, v, lf, sm):
-        o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
-        do = torch.randn_like(q)
-        return (lambda: two_kernel_bwd(do, q, k, v, lf, o, lse, sm),
-                lambda cfg: fused_bwd(do, q, k, v, lf, o, lse, sm, cfg))
-
-    bench_kernel("backward: two Gluon kernels (the 'triton' column) against one", 2.5, configs, setup)
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--only", choices=("fwd", "bwd", "dq", "fused"))
+    ap.add_argument("--only", choices=("fwd", "bwd", "dq"))
     args = ap.parse_args()
-    if args.only == "fused":
-        fused_configs = {64: [(64, 64, 2, 2), (64, 64, 3, 2)], 128: []}
-        if not args.no_check:
-            check_fused(fused_configs)
-        bench_fused(fused_configs)
     if args.only in (None, "dq"):
         bench_dq({64: [(64, 64, 4, 3), (64, 64, 3, 3), (64, 128, 2, 3), (64, 64, 3, 2), (64, 128, 2, 2)],
                   128: [(64, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 3)]})

@@ -307,14 +307,6 @@ def _use_sm90(q, k, v, head_dims=_SM90_CONFIGS, *more):
             and torch.cuda.get_device_capability(q.device)[0] == 9)
 
 
-def _use_fused_bwd(q, k, v, do, o):
-    """Whether the backward runs as one Gluon kernel (dk/dv with dq and the row sums of dS by reduce-adds, no dq
-    kernel): where ``_use_sm90`` holds for ``_SM90_FUSED_CONFIGS``, unless ``torch.use_deterministic_algorithms``
-    is on or ``FOX_FUSED_BWD`` is "0" (then the dq and dk/dv kernels run: bitwise reproducible)."""
-    return (os.environ.get("FOX_FUSED_BWD", "1") != "0" and not torch.are_deterministic_algorithms_enabled()
-            and _use_sm90(q, k, v, _SM90_FUSED_CONFIGS, do, o))
-
-
 @functools.lru_cache(maxsize=None)
 def _smem_layout(block, dtype):
     """The default NVMMA shared-memory layout of a TMA block (a tuple of dims) of ``dtype``; cached, since
@@ -327,7 +319,7 @@ def _smem_layout(block, dtype):
 
 def _tma_desc(t, block):
     """TMA descriptor over the (B*T, heads*D) view of a contiguous 16-bit (B, T, heads, D) tensor, blocks of
-    [block, D] (the Gluon kernels' Q / K / V / dO tiles; also the one-kernel backward's fp32 dq accumulator)."""
+    [block, D] (the Gluon kernels' Q / K / V / dO tiles)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     B, T, heads, D = t.shape
@@ -396,21 +388,14 @@ def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=
     return dq, drow, delta
 
 
-# (BLOCK_M, keys per consumer warpgroup, NUM_STAGES, consumer warpgroups) of the one-kernel backward (dk/dv with
-# dq by TMA reduce-adds) per head dim; the op runs it at the head dims listed unless deterministic algorithms are
-# asked for (``torch.use_deterministic_algorithms``)
-_SM90_FUSED_CONFIGS = {64: (64, 64, 2, 2)}
-
-
-def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_tables=None, fused=False):
+def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_tables=None):
     """The dk/dv backward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
-    (``gluon_kernels``; Hopper only): the same (dk, dv, dcol) as ``_bwd_dkdv``; ``fused``: the one-kernel
-    backward, which also returns (dq, drow) (dq in q's dtype: the fp32 accumulator rounded once)."""
+    (``gluon_kernels``; Hopper only): the same (dk, dv, dcol) as ``_bwd_dkdv``."""
     from . import gluon_kernels as gk
 
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
-    bm, keys, stages, wgs = config or (_SM90_FUSED_CONFIGS if fused else _SM90_BWD_CONFIGS)[D]
+    bm, keys, stages, wgs = config or _SM90_BWD_CONFIGS[D]
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     svr = _cdiv(Tq, 4) * 4  # a TMA copy starts at a 16-byte boundary: rows of LSE and delta padded to 4 floats
 
@@ -425,34 +410,14 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_t
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
-    lse_vec = vec(lse)
-    if fused:  # fp32 accumulators that the kernel's reduce-adds land in: dq, and the row sums of dS (x 8)
-        dq32 = torch.zeros((B, Tq, H, D), device=q.device, dtype=torch.float32)
-        drow8 = torch.zeros((B, Tq, H, 8), device=q.device, dtype=torch.float32)
-        dq_desc, rs_desc = _tma_desc(dq32, bm), _tma_desc(drow8, bm)
-    else:
-        dq_desc = rs_desc = lse_vec  # unused
     gk.fox_bwd_dkdv_sm90_kernel[(B * Hkv, _cdiv(Tk, wgs * keys))](
         _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys),
-        vec(pq, rows=False), lse_vec, vec(delta), dq_desc, rs_desc, lf, pq, dk, dv, dcol,
+        vec(pq, rows=False), vec(lse), vec(delta), lf, pq, dk, dv, dcol,
         dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
         lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
         *_acp_args(acp_tables, max(16, _next_pow2(D)))[1:], H, H // Hkv, Tq, Tk, sm_scale,
-        NUM_STAGES=stages, NUM_WG=wgs, FUSED=fused, num_warps=4, maxnreg=_sm90_maxnreg(4 * wgs))
-    if fused:
-        return dk, dv, dcol, dq32.to(q.dtype), drow8[..., 0]
+        NUM_STAGES=stages, NUM_WG=wgs, num_warps=4, maxnreg=_sm90_maxnreg(4 * wgs))
     return dk, dv, dcol
-
-
-def _bwd_delta(o, do):
-    """delta = rowsum(o * dO), (B, H, Tq) fp32 (``_bwd_delta_kernel``; o and dO contiguous)."""
-    from . import triton_kernels as tk
-
-    B, Tq, H, D = o.shape
-    delta = torch.empty((B, H, Tq), device=o.device, dtype=torch.float32)
-    tk._bwd_delta_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, H, Tq, o.stride(0), o.stride(1), o.stride(2),
-                                                HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
-    return delta
 
 
 def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
@@ -461,11 +426,6 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
         return torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(lf)
     do = do.contiguous()
     o = o.contiguous()
-    if kstart is None and kend is None and _use_fused_bwd(q, k, v, do, o):  # one kernel: dq by reduce-adds
-        _, pq = _block_prefix(lf, Tq)
-        dk, dv, dcol, dq, drow = _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, _bwd_delta(o, do), sm_scale,
-                                                acp_tables=acp_tables, fused=True)
-        return dq, dk, dv, _bwd_dlogf(drow, dcol)
     pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
     if kstart is None and _use_sm90(q, k, v, _SM90_DQ_CONFIGS, do, o):
@@ -480,14 +440,13 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
 
 
 def _bwd_dlogf(drow, dcol):
-    """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc.
-    drow: (B, Tq, H), any strides (the one-kernel backward's is a strided view); dcol: (B, Tk, H) contiguous."""
-    B, Tk, H = dcol.shape
+    """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc."""
+    B, Tq, H = drow.shape
+    Tk = dcol.shape[1]
     dlf = torch.empty_like(dcol)
     from . import triton_kernels as tk
 
-    tk._dlogf_kernel[(B * H,)](drow, dcol, dlf, H, drow.shape[1], Tk, *drow.stride(),
-                               CHUNK=64 if _interpreting() else 1024)
+    tk._dlogf_kernel[(B * H,)](drow, dcol, dlf, H, Tq, Tk, CHUNK=64 if _interpreting() else 1024)
     return dlf
 
 

@@ -22,12 +22,9 @@ All three kernels run causal attention, dense or with ACP (the forward and dq ke
 dk/dv kernel its HI table: the same pruned region as the Triton kernels); documents and left padding stay with
 the Triton kernels. ``forgetting_attention._use_sm90`` decides.
 """
-from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -35,15 +32,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@builtin
-def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
-    """TMA bulk reduce: global[box at ``coord``] += shared ``src`` (``cp.reduce.async.bulk.tensor`` .add). Gluon's
-    ``tma`` module has no wrapper for it on triton 3.6 or 3.7.1; the builder's op is there on both. Completion is
-    tracked like a TMA store's (``tma.store_wait``)."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
@@ -451,19 +439,11 @@ def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_buf
 
 @gluon.jit
 def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
-              do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale, ds_s, lo_s, ones_s,
-              dq_s, dq_desc, rs_s, rs_desc, dq_row, h, sm_scale, s_layout: gl.constexpr, a_layout: gl.constexpr, d_layout: gl.constexpr,
-              MASK: gl.constexpr,
-              ACP: gl.constexpr, FUSED: gl.constexpr):
+              do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+              s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr, ACP: gl.constexpr):
     """One query tile of ``triton_kernels._attn_bwd_dkdv_inner`` (keys on rows: S^T = K Q^T, so P^T and dS^T are
     the register A operands of the dv and dk products). ``MASK``: causal and rows past Tq, plus (``ACP``) the
-    rows at/after each key's ``khi``. ``FUSED`` (the one-kernel backward): also dq's share of these keys,
-    dS K (dS^T through shared memory ``ds_s``, times sm_scale), and the row sums of dS, as (hi + lo) 1 on the
-    tensor cores (dS split into two bf16 parts, ``ds_s`` and ``lo_s``; ``ones_s``: KEYS x 8 ones, so 8 equal
-    columns), added to the fp32 accumulators at rows ``dq_row`` .. of head h by TMA reduce-adds from ``dq_s`` /
-    ``rs_s``; the reduces of one tile run under the next tile's MMAs. (The row sums by a cross-warp reduction
-    cost 15%, with element atomics 60%; from the bf16 dS alone, d log f lost its accuracy: it takes the
-    difference of these sums and the fp32 column sums.)"""
+    rows at/after each key's ``khi``."""
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     KEYS: gl.constexpr = k_s.type.shape[0]
@@ -497,45 +477,19 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     dpT, _, _ = warpgroup_mma_wait(0, deps=(dpT, v_s, do_s))
     dv = warpgroup_mma(pT16, do_s, dv, is_async=True)
     dsT = pT * (dpT - gl.expand_dims(dl_bufs.index(st).load(vec_layout), 0))
-    if FUSED:
-        HEAD_DIM: gl.constexpr = k_s.type.shape[1]
-        ds16 = dsT.to(q_s.dtype)
-        colsum += gl.sum(ds16.to(gl.float32), 1)  # of the bf16 dS, like the row sums below
-        ds_s.store(ds16)
-        dk = warpgroup_mma(gl.convert_layout(ds16, a_layout), q_s, dk, is_async=True)
-        dv, dk, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, do_s, q_s))
-        mbarrier.arrive(q_empty.index(st), count=1)
-        mbarrier.arrive(do_empty.index(st), count=1)
-        # dq's share after dk and dv: the scores' registers are free by then (issued with them, it spilled)
-        fence_async_shared()
-        dq = warpgroup_mma(ds_s.permute((1, 0)), k_s, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, d_layout),
-                           use_acc=False, is_async=True)
-        r_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 8, 16])
-        rs = warpgroup_mma(ds_s.permute((1, 0)), ones_s, gl.zeros([BLOCK_M, 8], gl.float32, r_layout),
-                           use_acc=False, is_async=True)
-        dq, rs, _, _, _ = warpgroup_mma_wait(0, deps=(dq, rs, ds_s, k_s, ones_s))
-        tma.store_wait(0)  # the previous tile's reduces have read dq_s and rs_s
-        dq_s.store(dq * sm_scale)
-        rs_s.store(rs)
-        fence_async_shared()
-        _tma_reduce_add(dq_desc, [dq_row, h * HEAD_DIM], dq_s)
-        _tma_reduce_add(rs_desc, [dq_row, h * 8], rs_s)
-    else:
-        colsum += gl.sum(dsT, 1)
-        dsT16 = gl.convert_layout(dsT.to(q_s.dtype), a_layout)
-        dk = warpgroup_mma(dsT16, q_s, dk, is_async=True)
-        dv, dk, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, do_s, q_s))
-        mbarrier.arrive(q_empty.index(st), count=1)
-        mbarrier.arrive(do_empty.index(st), count=1)
+    colsum += gl.sum(dsT, 1)
+    dsT16 = gl.convert_layout(dsT.to(q_s.dtype), a_layout)
+    dk = warpgroup_mma(dsT16, q_s, dk, is_async=True)
+    dv, dk, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, do_s, q_s))
+    mbarrier.arrive(q_empty.index(st), count=1)
+    mbarrier.arrive(do_empty.index(st), count=1)
     return dk, dv, colsum, acc_c + tot
 
 
 @gluon.jit
 def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready, do_ready, q_empty,
-                 do_empty, ds_s, lo_s, ones_s, dq_s, dq_desc, rs_s, rs_desc, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp,
-                 spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, NUM_WG: gl.constexpr,
-                 HAS_ACP: gl.constexpr, FUSED: gl.constexpr):
+                 do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM,
+                 ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
     """One consumer warpgroup: keys WG*KEYS .. of the program's NUM_WG*KEYS-key block (``k_s`` / ``v_s``: this
     warpgroup's rows), the loop of ``triton_kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head: the
     causal diagonal tiles, the clean ones, then those with rows past Tq or (ACP) rows that some of the keys do
@@ -572,8 +526,6 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
 
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
-    if FUSED:
-        ones_s.store(gl.full([KEYS, 8], 1.0, ones_s.dtype, gl.BlockedLayout([1, 8], [32, 1], [num_warps, 1], [1, 0])))
     mbarrier.wait(kv_bar, 0)
     for gi in range(GROUP):  # GQA: the query heads sharing this kv head
         h = hk * GROUP + gi
@@ -602,26 +554,21 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
         for mb in range(mb_first, mb_mid_h):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale, ds_s,
-                                              lo_s, ones_s, dq_s, dq_desc, rs_s, rs_desc, b * Tq + mb * BLOCK_M,
-                                              h, sm_scale, s_layout, a_layout, d_layout, True, HAS_ACP, FUSED)
+                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                              s_layout, a_layout, True, HAS_ACP)
         for mb in range(mb_mid_h, mb_clean_h):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale, ds_s,
-                                              lo_s, ones_s, dq_s, dq_desc, rs_s, rs_desc, b * Tq + mb * BLOCK_M,
-                                              h, sm_scale, s_layout, a_layout, d_layout, False, False, FUSED)
+                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                              s_layout, a_layout, False, False)
         for mb in range(mb_clean_h, mb_end_h):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale, ds_s,
-                                              lo_s, ones_s, dq_s, dq_desc, rs_s, rs_desc, b * Tq + mb * BLOCK_M,
-                                              h, sm_scale, s_layout, a_layout, d_layout, True, HAS_ACP, FUSED)
+                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                              s_layout, a_layout, True, HAS_ACP)
         base += mb_end_h - mb_first
         # DCOL is (B, Tk, H) contiguous
         gl.store(DCOL + (b.to(gl.int64) * Tk + pos_k) * H + h, colsum, mask=pos_k < Tk)
-    if FUSED:
-        tma.store_wait(0)  # the last reduce has read dq_s
 
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [num_warps, 1],
                                                 [1, 0])
@@ -635,61 +582,40 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
 
 
 # The partitions below share one signature (see the forward's: ACP when HI is an int32 pointer, WG at run time);
-# k_smem / v_smem are NUM_WG x KEYS x D; the one-kernel backward's consumers are their own function
-# (``_bwd_compute_dq_wg``), since a FUSED flag would reach them as a tensor.
+# k_smem / v_smem are NUM_WG x KEYS x D.
 @gluon.jit
-def _bwd_compute_wg(
-    q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
-    lse_bufs, dl_bufs, k_smem, v_smem, ds_smem, lo_smem, ones_smem, dq_stage, rs_stage, kv_bar, q_ready, do_ready, q_empty,
-    do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H,
-    GROUP, Tq, Tk, sm_scale, WG):
+def _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
+                    dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
+                    slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
+                    sm_scale, WG):
     _bwd_compute(k_smem.index(WG), v_smem.index(WG), q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready,
-                 do_ready, q_empty, do_empty, ds_smem, lo_smem, ones_smem, dq_stage, dq_desc, rs_stage, rs_desc, LF,
-                 PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq,
-                 Tk, sm_scale, WG, k_smem.type.shape[0], HI.dtype.element_ty == gl.int32, False)
+                 do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr,
+                 ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, k_smem.type.shape[0],
+                 HI.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def _bwd_compute_dq_wg(
-    q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
-    lse_bufs, dl_bufs, k_smem, v_smem, ds_smem, lo_smem, ones_smem, dq_stage, rs_stage, kv_bar, q_ready, do_ready, q_empty,
-    do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H,
-    GROUP, Tq, Tk, sm_scale, WG):
-    _bwd_compute(k_smem.index(WG), v_smem.index(WG), q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready,
-                 do_ready, q_empty, do_empty, ds_smem.index(WG), lo_smem.index(WG), ones_smem.index(WG),
-                 dq_stage.index(WG), dq_desc, rs_stage.index(WG), rs_desc, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr,
-                 svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, k_smem.type.shape[0],
-                 HI.dtype.element_ty == gl.int32, True)
-
-
-@gluon.jit
-def _bwd_load_all(
-    q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
-    lse_bufs, dl_bufs, k_smem, v_smem, ds_smem, lo_smem, ones_smem, dq_stage, rs_stage, kv_bar, q_ready, do_ready, q_empty,
-    do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H,
-    GROUP, Tq, Tk, sm_scale):
+def _bwd_load_all(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
+                  dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
+                  slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
+                  sm_scale):
     _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
               dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, HI, H, GROUP, Tq, Tk, spp, spr,
               svr, ACP_NK, ACP_GM, ACP_GN, HI.dtype.element_ty == gl.int32)
 
 
 @gluon.jit
-def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, LF, PQ,
-                             DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN,
-                             H, GROUP, Tq, Tk, sm_scale, NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr,
-                             FUSED: gl.constexpr):
+def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, LF, PQ, DK, DV, DCOL, HI,
+                             slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
+                             sm_scale, NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
     """grid (B*Hkv, cdiv(Tk, NUM_WG*KEYS)), heaviest (first) key blocks first, num_warps=4: NUM_WG (2 or 3)
     consumer warpgroups of KEYS keys each (the default partition and workers; 240 registers each for 2, 160 for 3)
     and a one-warp loader. q_desc / do_desc: TMA descriptors over the (B*Tq, H*D) views of contiguous q and do,
     blocks [BLOCK_M, D]; k_desc / v_desc: over (B*Tk, Hkv*D), blocks [KEYS, D]; cq_desc / lse_desc / dl_desc:
-    1-D, blocks [BLOCK_M], over the flat PQ (``_block_prefix_kernel``), the forward's LSE and delta = rowsum(o *
-    dO) (both (B*H, svr): rows padded to a multiple of 4, since a TMA copy must start at a 16-byte boundary).
-    Writes dk (times sm_scale), dv and DCOL (B, Tk, H), the column sums of dS. ``FUSED`` (the one-kernel
-    backward, no dq kernel): also adds dq (times sm_scale) into the zeroed fp32 accumulator that dq_desc covers
-    ((B*Tq, H*D), blocks [BLOCK_M, D]) and the row sums of dS, 8 equal copies each, into the zeroed fp32 (B*Tq,
-    H*8) that rs_desc covers (blocks [BLOCK_M, 8]), both by TMA reduce-adds, whose order varies from run to run
-    (dense otherwise: dq_desc / rs_desc unused). ACP when HI is an int32 pointer: ACP's table (B*H, ACP_NK) on
-    its (ACP_GM x ACP_GN) grid, the last query block that sees each key block (dense: any fp32 pointer)."""
+    1-D, blocks [BLOCK_M], over the flat PQ (``_block_prefix_kernel``), the forward's LSE and the dq kernel's delta
+    (both (B*H, svr): rows padded to a multiple of 4, since a TMA copy must start at a 16-byte boundary). Writes dk (times sm_scale), dv and DCOL
+    (B, Tk, H), the column sums of dS. ACP when HI is an int32 pointer: ACP's table (B*H, ACP_NK) on its
+    (ACP_GM x ACP_GN) grid, the last query block that sees each key block (dense: any fp32 pointer)."""
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     cq_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
@@ -698,23 +624,6 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
     gl.static_assert(NUM_WG == 2 or NUM_WG == 3)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_WG] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_WG] + v_desc.block_type.shape, v_desc.layout)
-    if FUSED:  # per consumer: its dS^T (hi and lo bf16 parts), a ones tile, and the fp32 tiles the TMA reduces read
-        KEYS: gl.constexpr = k_desc.block_type.shape[0]
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-        ds_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, KEYS, BLOCK_M],
-                                            gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], q_desc.dtype))
-        lo_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, KEYS, BLOCK_M],
-                                            gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], q_desc.dtype))
-        ones_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, KEYS, 8],
-                                              gl.NVMMASharedLayout.get_default_for([KEYS, 8], q_desc.dtype))
-        dq_stage = gl.allocate_shared_memory(gl.float32, [NUM_WG] + dq_desc.block_type.shape, dq_desc.layout)
-        rs_stage = gl.allocate_shared_memory(gl.float32, [NUM_WG] + rs_desc.block_type.shape, rs_desc.layout)
-    else:  # unused
-        ds_smem = q_bufs
-        lo_smem = q_bufs
-        ones_smem = q_bufs
-        dq_stage = q_bufs
-        rs_stage = q_bufs
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -726,21 +635,10 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
         mbarrier.init(do_ready.index(s), count=1)
         mbarrier.init(q_empty.index(s), count=NUM_WG)  # one arrive per consumer warpgroup
         mbarrier.init(do_empty.index(s), count=NUM_WG)
-    args = (q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
-            lse_bufs, dl_bufs, k_smem, v_smem, ds_smem, lo_smem, ones_smem, dq_stage, rs_stage, kv_bar, q_ready, do_ready,
-            q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK,
-            ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale)
-    if FUSED:
-        if NUM_WG == 3:
-            gl.warp_specialize([(_bwd_compute_dq_wg, args + (gl.to_tensor(0),)),
-                                (_bwd_compute_dq_wg, args + (gl.to_tensor(1),)),
-                                (_bwd_compute_dq_wg, args + (gl.to_tensor(2),)), (_bwd_load_all, args)], [4, 4, 1],
-                               [160, 160, 24])
-        else:
-            gl.warp_specialize([(_bwd_compute_dq_wg, args + (gl.to_tensor(0),)),
-                                (_bwd_compute_dq_wg, args + (gl.to_tensor(1),)), (_bwd_load_all, args)], [4, 1],
-                               [240, 24])
-    elif NUM_WG == 3:
+    args = (q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs,
+            k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI,
+            slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale)
+    if NUM_WG == 3:
         gl.warp_specialize([(_bwd_compute_wg, args + (gl.to_tensor(0),)), (_bwd_compute_wg, args + (gl.to_tensor(1),)),
                             (_bwd_compute_wg, args + (gl.to_tensor(2),)), (_bwd_load_all, args)], [4, 4, 1],
                            [160, 160, 24])

@@ -490,27 +490,9 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, H, Tq, sob, sot, soh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                      ROWS: tl.constexpr):
-    """delta = rowsum(o * dO) in fp32 for the one-kernel backward (the dq kernel forms it otherwise). O and DO
-    share contiguous (B, Tq, H, D) strides; DELTA (B*H, Tq). Grid (B*H, cdiv(Tq, ROWS))."""
-    pid = tl.program_id(0)
-    b = pid // H
-    h = pid % H
-    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
-    offs_d = tl.arange(0, BLOCK_D)
-    ok = (rows < Tq)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    offs = b.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None] * sot + offs_d[None, :]
-    o = tl.load(O + offs, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + offs, mask=ok, other=0.0).to(tl.float32)
-    tl.store(DELTA + pid.to(tl.int64) * Tq + rows, tl.sum(o * do, 1), mask=rows < Tq)
-
-
-@triton.jit
-def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, srb, srt, srh, CHUNK: tl.constexpr):
+def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, CHUNK: tl.constexpr):
     """d log f_t = sum_{i >= t} (drow_i - dcol_i): reverse cumulative sum, chunk-local ``tl.cumsum`` plus a
-    float64 carry. DROW (B, Tq, H) with strides (srb, srt, srh); DCOL / DLF (B, Tk, H), contiguous; one program
-    per (b, h)."""
+    float64 carry. DROW (B, Tq, H), DCOL / DLF (B, Tk, H), contiguous; one program per (b, h)."""
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
@@ -521,7 +503,7 @@ def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, srb, srt, srh, CHUNK: tl.constexpr
         t = Tk - 1 - c * CHUNK - offs  # descending positions
         ok = t >= 0
         dc = -tl.load(DCOL + (b.to(tl.int64) * Tk + t) * H + h, mask=ok, other=0.0)
-        dc += tl.load(DROW + b.to(tl.int64) * srb + (t - off) * srt + h * srh, mask=ok & (t >= off), other=0.0)
+        dc += tl.load(DROW + (b.to(tl.int64) * Tq + (t - off)) * H + h, mask=ok & (t >= off), other=0.0)
         out = tl.cumsum(dc, 0).to(tl.float64) + carry
         tl.store(DLF + (b.to(tl.int64) * Tk + t) * H + h, out.to(tl.float32), mask=ok)
         carry += tl.sum(dc.to(tl.float64), 0)
