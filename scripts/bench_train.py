@@ -9,6 +9,10 @@
 Each configuration is the repo's config tree (``model=<m> model/size=<s>``) with random GPT-2-vocabulary tokens,
 bf16, the given strategy, ``--micro-batch`` sequences per GPU per step; the first ``--warmup`` steps are not
 timed. FLOPs per token follow train.py (PaLM's 6N + 12·L·H·Q·T); MFU uses the device's dense bf16 peak.
+``--sdpa`` pins the backend of ``F.scaled_dot_product_attention`` (the Transformer models' attention; PyTorch's
+default on Hopper is cuDNN for these shapes) by turning the others off for the whole process (an
+``sdpa_kernel`` context around the steps does not reach the compiled graphs: they kept cuDNN); the table's
+``attention`` column names the backend SDPA's dispatcher picks for the model's shape.
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ def bench(model_name, size, a, dist):
         g["lr"] = 1e-4
     x = torch.randint(0, cfg.model.vocab_size, (a.micro_batch, a.seq_len), device=dist.device)
     autocast = autocast_needed(cfg.strategy, True)
+    head_dim, n_heads, _ = resolve_heads(cfg.model)
+    attention = cfg.model.arch  # (the fla baselines: their own layers)
+    if cfg.model.arch == "decoder" and cfg.model.fgate != "none":
+        attention = "forgetting_attention"
+    elif cfg.model.arch == "decoder":
+        attention = "SDPA " + _sdpa_choice(a.micro_batch, n_heads, a.seq_len, head_dim, dist.device)
     torch.cuda.reset_peak_memory_stats()
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
@@ -81,14 +91,34 @@ def bench(model_name, size, a, dist):
         print(f"--- {model_name} {size}: CUDA kernels of one step, by total time ---")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.profile))
     dt = mean_across_ranks(dt).item()
-    head_dim, n_heads, _ = resolve_heads(cfg.model)
     attn_layers, attn_keys = attention_context(cfg.model, a.seq_len)
     fpt = flops_per_token(n_matmul, attn_layers, n_heads, head_dim, attn_keys)
     tok_s_dev = a.micro_batch * a.seq_len / dt
     peak = peak_flops(dist.device)
-    return dict(model=model_name, size=size, tok_s=tok_s_dev * dist.world_size, tok_s_dev=tok_s_dev,
+    return dict(model=model_name, size=size, attention=attention, tok_s=tok_s_dev * dist.world_size, tok_s_dev=tok_s_dev,
                 tflops=tok_s_dev * fpt / 1e12, mfu=tok_s_dev * fpt / peak if peak else float("nan"),
                 mem=peak_memory_gib(dist.device), loss=loss.item())
+
+
+def _pin_sdpa(name):
+    """Leave only SDPA backend ``name`` ("flash" / "cudnn" / "efficient") on, process-wide (the dispatcher then
+    fails loudly where it cannot run); "default" changes nothing."""
+    if name != "default":
+        for backend, enable in (("flash", torch.backends.cuda.enable_flash_sdp),
+                                ("cudnn", torch.backends.cuda.enable_cudnn_sdp),
+                                ("efficient", torch.backends.cuda.enable_mem_efficient_sdp)):
+            enable(backend == name)
+        torch.backends.cuda.enable_math_sdp(False)
+
+
+def _sdpa_choice(batch, heads, seq_len, head_dim, device):
+    """The backend that causal bf16 SDPA would run for (batch, heads, seq_len, head_dim) here, by name."""
+    from torch.nn.attention import SDPBackend
+
+    q = torch.empty(batch, heads, seq_len, head_dim, device=device, dtype=torch.bfloat16)
+    choice = torch._fused_sdp_choice(q, q, q, is_causal=True)
+    return next((n.lower() for n in ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+                 if int(getattr(SDPBackend, n)) == choice), str(choice))
 
 
 def main(argv=None) -> None:
@@ -103,20 +133,23 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides")
+    p.add_argument("--sdpa", default="default", choices=["default", "flash", "cudnn", "efficient"],
+                   help="SDPA backend of the Transformer models (default: PyTorch's pick)")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest CUDA kernels of a step")
     p.add_argument("--write", type=Path, help="append the table to this Markdown file")
     a = p.parse_args(argv)
     register_configs()
+    _pin_sdpa(a.sdpa)
     dist = init_distributed(SimpleNamespace(name=a.strategy, device="cuda"))
     rows = [bench(m, s, a, dist) for s in a.sizes for m in a.models]
     if dist.is_main:
         head = (f"{torch.cuda.get_device_name()} x {dist.world_size}, torch {torch.__version__}, "
                 f"Python {platform.python_version()}; strategy {a.strategy}, AC {a.ac}, compile {a.compile}, "
                 f"seq_len {a.seq_len}, micro-batch {a.micro_batch}/GPU, bf16, {a.steps} timed steps")
-        lines = [head, "", "| model | size | tokens/s | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |",
-                 "|---|---|---:|---:|---:|---:|---:|"]
+        lines = [head, "", "| model | size | attention | tokens/s | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |",
+                 "|---|---|---|---:|---:|---:|---:|---:|"]
         for r in rows:
-            lines.append(f"| {r['model']} | {r['size']} | {r['tok_s']:,.0f} | {r['tok_s_dev']:,.0f} | "
+            lines.append(f"| {r['model']} | {r['size']} | {r['attention']} | {r['tok_s']:,.0f} | {r['tok_s_dev']:,.0f} | "
                          f"{r['tflops']:.0f} | {100 * r['mfu']:.1f}% | {r['mem']:.1f} |")
         text = "\n".join(lines)
         print(text)
