@@ -103,6 +103,8 @@ def bench(model_name, size, a, dist):
 def _pin_sdpa(name):
     """Leave only SDPA backend ``name`` ("flash" / "cudnn" / "efficient") on, process-wide (the dispatcher then
     fails loudly where it cannot run); "default" changes nothing."""
+    if name not in ("default", "flash", "cudnn", "efficient"):
+        raise ValueError(f"--sdpa={name!r}: must be one of default, flash, cudnn, efficient")
     if name != "default":
         for backend, enable in (("flash", torch.backends.cuda.enable_flash_sdp),
                                 ("cudnn", torch.backends.cuda.enable_cudnn_sdp),
