@@ -291,9 +291,11 @@ def _sm90_maxnreg(num_warps):
 
 
 # (BLOCK_M query rows per tile, keys per consumer warpgroup, NUM_STAGES, consumer warpgroups) of the Gluon sm90
-# dk/dv backward per head dim, the fastest at S1..S4 (docs/benchmarks.md, session 10); it runs at every head dim
-# listed (1.15-1.21x the Triton dk/dv kernel there)
-_SM90_BWD_CONFIGS = {64: (128, 64, 2, 2), 128: (64, 64, 2, 2)}
+# dk/dv backward per head dim, the fastest at S1..S4 (docs/benchmarks.md, sessions 10 and 14); it runs at every
+# head dim listed (1.20-1.24x the Triton dk/dv kernel there). 64-row tiles at head dim 64 since the query tile's
+# vectors are read under the score matmul (session 14: 4% / 1.8% faster at S1 / S2 than 128-row tiles, which
+# spill with it)
+_SM90_BWD_CONFIGS = {64: (64, 64, 2, 2), 128: (64, 64, 2, 2)}
 
 
 def _use_sm90(q, k, v, head_dims=_SM90_CONFIGS, *more):

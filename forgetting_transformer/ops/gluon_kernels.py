@@ -458,14 +458,16 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     mbarrier.wait(q_ready.index(st), ph)
     sT = warpgroup_mma(k_s, q_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
                        use_acc=False, is_async=True)
+    # decay: sum_{t=j+1}^{i} = (sum over [n0, m0) + local cumsum of the query tile) - local cumsum of the keys
+    # (rows past Tq of a partial last tile hold the next row's values or TMA's zeros: masked below). Its query
+    # part is read from shared memory while the score matmul runs: read after the wait, these loads were the
+    # tile loop's most-stalled point (docs/benchmarks.md, session 14; with 128-row tiles the early copy spills)
+    cq = cq_bufs.index(st).load(vec_layout)  # block-local cumsum of log f over the query tile
+    dq2 = (acc_c + cq) * LOG2E - lse_bufs.index(st).load(vec_layout)
     mbarrier.wait(do_ready.index(st), ph)
     dpT = warpgroup_mma(v_s, do_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
                         use_acc=False, is_async=True)
     sT, _, _ = warpgroup_mma_wait(1, deps=(sT, k_s, q_s))
-    # decay: sum_{t=j+1}^{i} = (sum over [n0, m0) + local cumsum of the query tile) - local cumsum of the keys
-    # (rows past Tq of a partial last tile hold the next row's values or TMA's zeros: masked below)
-    cq = cq_bufs.index(st).load(vec_layout)  # block-local cumsum of log f over the query tile
-    dq2 = (acc_c + cq) * LOG2E - lse_bufs.index(st).load(vec_layout)
     sT = sT * qk_scale + (gl.expand_dims(dq2, 0) - gl.expand_dims(ck2, 1))
     if MASK:  # causal, and the rows past Tq of a partial last tile (TMA read them from the next sequence)
         ok = (gl.expand_dims(pos_k, 1) <= gl.expand_dims(m0 + offs_m, 0)) & gl.expand_dims(row_ok, 0)
