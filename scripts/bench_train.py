@@ -95,9 +95,10 @@ def bench(model_name, size, a, dist):
     fpt = flops_per_token(n_matmul, attn_layers, n_heads, head_dim, attn_keys)
     tok_s_dev = a.micro_batch * a.seq_len / dt
     peak = peak_flops(dist.device)
-    return dict(model=model_name, size=size, attention=attention, tok_s=tok_s_dev * dist.world_size, tok_s_dev=tok_s_dev,
-                tflops=tok_s_dev * fpt / 1e12, mfu=tok_s_dev * fpt / peak if peak else float("nan"),
-                mem=peak_memory_gib(dist.device), loss=loss.item())
+    return dict(model=model_name, size=size, attention=attention, tok_s=tok_s_dev * dist.world_size,
+                tok_s_dev=tok_s_dev, tflops=tok_s_dev * fpt / 1e12,
+                mfu=tok_s_dev * fpt / peak if peak else float("nan"), mem=peak_memory_gib(dist.device),
+                loss=loss.item())
 
 
 def _pin_sdpa(name):
@@ -151,8 +152,8 @@ def main(argv=None) -> None:
         lines = [head, "", "| model | size | attention | tokens/s | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |",
                  "|---|---|---|---:|---:|---:|---:|---:|"]
         for r in rows:
-            lines.append(f"| {r['model']} | {r['size']} | {r['attention']} | {r['tok_s']:,.0f} | {r['tok_s_dev']:,.0f} | "
-                         f"{r['tflops']:.0f} | {100 * r['mfu']:.1f}% | {r['mem']:.1f} |")
+            lines.append(f"| {r['model']} | {r['size']} | {r['attention']} | {r['tok_s']:,.0f} | "
+                         f"{r['tok_s_dev']:,.0f} | {r['tflops']:.0f} | {100 * r['mfu']:.1f}% | {r['mem']:.1f} |")
         text = "\n".join(lines)
         print(text)
         if a.write:
