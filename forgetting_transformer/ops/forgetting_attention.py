@@ -442,13 +442,20 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
 
 
 def _bwd_dlogf(drow, dcol):
-    """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc."""
+    """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc, in two
+    launches over chunks of positions (``_dlogf_sums_kernel``: the chunks' float64 sums; ``_dlogf_kernel``: each
+    chunk's local cumsum plus the sum of the chunks after it)."""
     B, Tq, H = drow.shape
     Tk = dcol.shape[1]
+    chunk = 64 if _interpreting() else 1024
+    nch = _cdiv(max(Tk, 1), chunk)
+    sums = torch.empty((B * H, nch), device=dcol.device, dtype=torch.float64)
     dlf = torch.empty_like(dcol)
     from . import triton_kernels as tk
 
-    tk._dlogf_kernel[(B * H,)](drow, dcol, dlf, H, Tq, Tk, CHUNK=64 if _interpreting() else 1024)
+    tk._dlogf_sums_kernel[(B * H, nch)](drow, dcol, sums, H, Tq, Tk, nch, CHUNK=chunk)
+    tk._dlogf_kernel[(B * H, nch)](drow, dcol, sums, dlf, H, Tq, Tk, nch, CHUNK=chunk,
+                                   VEC=16 if _interpreting() else 128)
     return dlf
 
 

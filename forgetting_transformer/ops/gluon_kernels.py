@@ -17,7 +17,12 @@ log-sum-exp), in three partitions:
     explicitly);
   * each consumer reads a key block's prefix sums from shared memory when it needs them (a prefetched copy in
     registers, with its pointers, cost 32 + 64 registers per thread at BLOCK_N = 128 and made three warpgroups
-    spill) and loads only the block's total one tile ahead.
+    spill) and loads only the block's total one tile ahead;
+  * each consumer computes only the key blocks its own rows see: the top blocks of a program lie wholly after
+    the first warpgroups' rows (three warpgroups of 64 rows share blocks of 128 keys), and under ACP a local
+    head's lowest blocks lie wholly before the last warpgroups' first kept keys. It hands those stages on
+    unread (``_pass_stage``); the skipped tiles were wholly masked, so the results are the same bit for bit.
+    The dk/dv kernel does the same per warpgroup of keys under ACP.
 All three kernels run causal attention, dense or with ACP (the forward and dq kernels read ACP's LO table, the
 dk/dv kernel its HI table: the same pruned region as the Triton kernels); documents and left padding stay with
 the Triton kernels. ``forgetting_attention._use_sm90`` decides.
@@ -40,18 +45,15 @@ def _add(a, b):
 
 
 @gluon.jit
-def _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                HAS_ACP: gl.constexpr):
-    """The lowest key (a multiple of BLOCK_N) that some row of query block ``pid_m`` keeps under ACP: the least
-    ``LO[m] * ACP_GN`` over the ACP grid's query blocks m it spans (0 without ACP; scalar loads, so the loader
-    and both consumers compute the same schedule)."""
+def _acp_lo_blk(LO, pid_bh, r0, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_N: gl.constexpr, HAS_ACP: gl.constexpr):
+    """The lowest key block (a multiple of BLOCK_N) that some query row from ``r0`` on keeps under ACP: its row's
+    ``LO[r0 // ACP_GM] * ACP_GN`` rounded down, since LO grows with the query block (log f <= 0); one scalar
+    load, so the loader and every consumer compute the same schedule (0 without ACP; for r0 >= Tq, no row:
+    the largest int32 block)."""
     lo_blk = 0
     if HAS_ACP:
-        r0 = pid_m * BLOCK_M
-        lo_blk = Tq * 0 + 2147483647
-        for e in range(r0 // ACP_GM, (gl.minimum(r0 + BLOCK_M, Tq) - 1) // ACP_GM + 1):
-            lo_blk = gl.minimum(lo_blk, gl.load(LO + pid_bh.to(gl.int64) * ACP_NQ + e) * ACP_GN)
-        lo_blk = (lo_blk // BLOCK_N) * BLOCK_N
+        lo_blk = gl.load(LO + pid_bh.to(gl.int64) * ACP_NQ + gl.minimum(r0, Tq - 1) // ACP_GM) * ACP_GN
+        lo_blk = gl.where(r0 < Tq, (lo_blk // BLOCK_N) * BLOCK_N, (2147483647 // BLOCK_N) * BLOCK_N)
     return lo_blk
 
 
@@ -81,7 +83,7 @@ def _fwd_load(q_desc, k_desc, v_desc, ck_desc, q_smem, k_bufs, v_bufs, ck_bufs, 
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, NUM_WG * BLOCK_M, BLOCK_N, HAS_ACP)
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m * NUM_WG * BLOCK_M, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_N, HAS_ACP)
     n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, NUM_WG * BLOCK_M, BLOCK_N)
     mbarrier.expect(q_bar, NUM_WG * q_desc.block_type.nbytes)
     for w in gl.static_range(NUM_WG):
@@ -121,6 +123,21 @@ def _kv_ring_load(k_desc, v_desc, ck_desc, k_bufs, v_bufs, ck_bufs, k_ready, v_r
         mbarrier.wait(v_empty.index(st), ph ^ 1)
         mbarrier.expect(v_ready.index(st), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [row, col], v_ready.index(st), v_bufs.index(st))
+
+
+@gluon.jit
+def _pass_stage(i, ready, empty, ready2, empty2):
+    """Hand stage i % NUM_STAGES of a ring back without reading it (a tile this warpgroup's rows or keys never
+    see): wait until it is filled, then arrive on its empty barriers, as a consumer that used it would. The wait
+    is needed: an arrive issued before the fill could complete the empty barrier's previous phase while another
+    warpgroup still reads the stage's earlier contents."""
+    NUM_STAGES: gl.constexpr = ready.type.shape[0]
+    st = i % NUM_STAGES
+    ph = (i // NUM_STAGES) & 1
+    mbarrier.wait(ready.index(st), ph)
+    mbarrier.arrive(empty.index(st), count=1)
+    mbarrier.wait(ready2.index(st), ph)
+    mbarrier.arrive(empty2.index(st), count=1)
 
 
 @gluon.jit
@@ -188,9 +205,10 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, WG, NUM_WG: gl.constexpr,
                 s_layout: gl.constexpr, HAS_ACP: gl.constexpr):
     """A consumer warpgroup's rows WG*BLOCK_M .. of the program's NUM_WG*BLOCK_M-row query block (forward and dq
-    kernels): the key-block schedule (top block, causal-masked / clean / total counts, E), the rows and their
-    positions, each row's first kept key under ACP, the query part of the decay (log2 units), PK's row base
-    and the key offsets of a tile."""
+    kernels): the key-block schedule (top block, causal-masked / clean / total counts, and this warpgroup's
+    share: t_skip top blocks wholly after its rows and, under ACP, t_end, from which on the blocks lie wholly
+    before its rows' first kept keys; E), the rows and their positions, each row's first kept key under ACP, the
+    query part of the decay (log2 units), PK's row base and the key offsets of a tile."""
     num_warps: gl.constexpr = 4
     gl.static_assert(BLOCK_N == 16 or BLOCK_N == 32 or BLOCK_N == 64 or BLOCK_N == 128)
     PLANE: gl.constexpr = (BLOCK_N >= 32) + (BLOCK_N >= 64) + (BLOCK_N >= 128)  # PK's plane for blocks of BLOCK_N
@@ -199,7 +217,7 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, NUM_WG * BLOCK_M, BLOCK_N, HAS_ACP)
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m * NUM_WG * BLOCK_M, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_N, HAS_ACP)
     n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, NUM_WG * BLOCK_M, BLOCK_N)
     m_start = (pid_m * NUM_WG + WG) * BLOCK_M
     offs_m = m_start + gl.arange(0, BLOCK_M, layout=row_s)
@@ -207,10 +225,20 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
     pos_q = Tk - Tq + offs_m
     kstart = gl.zeros([BLOCK_M], gl.int32, row_s)  # each row's first kept key (ACP)
     n_clean = gl.maximum(n_um // BLOCK_N + 1, 0)
+    # this warpgroup's share of the program's blocks: the first t_skip lie wholly after its last row, and (ACP)
+    # those from t_end on wholly before its rows' first kept keys (the lowest block it keeps is its first row's,
+    # since LO grows with the row)
+    t_skip = gl.minimum(gl.maximum(n_top - (Tk - Tq + m_start + BLOCK_M - 1) + BLOCK_N - 1, 0) // BLOCK_N, n_masked)
+    t_end = n_total
     if HAS_ACP:
         kstart = gl.load(LO + pid_bh.to(gl.int64) * ACP_NQ + offs_m // ACP_GM, mask=row_ok, other=0) * ACP_GN
         n_clean_lo = ((gl.max(kstart, 0) + BLOCK_N - 1) // BLOCK_N) * BLOCK_N  # blocks at/above: no mask
         n_clean = gl.maximum((n_um - gl.maximum(n_clean_lo, lo_blk)) // BLOCK_N + 1, 0)
+        lo_w = gl.minimum(_acp_lo_blk(LO, pid_bh, m_start, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_N, HAS_ACP), n_top)
+        t_end = gl.maximum(gl.minimum((n_top - lo_w) // BLOCK_N + 1, n_total), t_skip)
+        n_masked = gl.minimum(n_masked, t_end)  # (a masked block can lie below all of this warpgroup's bounds)
+        # every block once: a warpgroup with no row (all past Tq: kstart 0) computes its clean blocks anyway
+        t_end = gl.maximum(t_end, n_masked + n_clean)
     # query part of the decay, sum_{t=i+1}^{E-1} log f_t (the scan runs in a blocked layout: scans of
     # wgmma-layout slices are not supported)
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
@@ -224,7 +252,7 @@ def _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, 
     rq2 = gl.convert_layout(rq * LOG2E, row_s)
     PK_base = PK + PLANE * spp.to(gl.int64) + pid_bh.to(gl.int64) * spr
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    return n_top, n_masked, n_clean, n_total, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n
+    return n_top, n_masked, n_clean, n_total, t_skip, t_end, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n
 
 
 @gluon.jit
@@ -249,9 +277,9 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_emp
     b = pid_bh // H
     h = pid_bh % H
     m_start = ((gl.num_programs(1) - 1 - gl.program_id(1)) * NUM_WG + WG) * BLOCK_M
-    n_top, n_masked, n_clean, n_total, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n = _query_rows(
-        LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG, NUM_WG,
-        s_layout, HAS_ACP)
+    n_top, n_masked, n_clean, n_total, t_skip, t_end, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n = \
+        _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG,
+                    NUM_WG, s_layout, HAS_ACP)
     qk_scale = sm_scale * LOG2E
 
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
@@ -259,8 +287,12 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_emp
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
     g = gl.sum(gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, s_layout)), 0)
     tot = _block_total(PK_base, n_top, E, BLOCK_N)
+    for i in range(0, t_skip):  # wholly after this warpgroup's rows: only the decay's running sum moves
+        g += tot
+        tot = _block_total(PK_base, n_top - (i + 1) * BLOCK_N, E, BLOCK_N)
+        _pass_stage(i, k_ready, k_empty, v_ready, v_empty)
     mbarrier.wait(q_bar, 0)
-    for i in range(0, n_masked):
+    for i in range(t_skip, n_masked):
         acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
                                           k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
                                           qk_scale, s_layout, p_layout, row_o, True, HAS_ACP)
@@ -268,11 +300,13 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_emp
         acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
                                           k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
                                           qk_scale, s_layout, p_layout, row_o, False, False)
-    if HAS_ACP:  # (compiled out of the dense kernel)
-        for i in range(n_masked + n_clean, n_total):
+    if HAS_ACP:  # (compiled out of the dense kernel, where t_end = n_total)
+        for i in range(n_masked + n_clean, t_end):
             acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
                                               ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart,
                                               offs_n, qk_scale, s_layout, p_layout, row_o, False, True)
+        for i in range(t_end, n_total):  # wholly before this warpgroup's rows' first kept keys
+            _pass_stage(i, k_ready, k_empty, v_ready, v_empty)
 
     l_ok = l_i > 0.0
     lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)) - rq2, 0.0)  # with the decay's query part
@@ -514,7 +548,7 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     b = gl.program_id(0) // HKV
     hk = gl.program_id(0) % HKV
     n_blk = gl.program_id(1) * NUM_WG * KEYS
-    mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, NUM_WG * KEYS)
+    mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, NUM_WG * KEYS)  # the program's
     off = Tk - Tq
     n0 = n_blk + WG * KEYS
     pos_k = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
@@ -547,27 +581,47 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
         khi = gl.zeros([KEYS], gl.int32, gl.SliceLayout(1, s_layout))
         mb_end_h = _bwd_acp_end(HI, bh, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M,
                                 NUM_WG * KEYS, HAS_ACP)
-        mb_mid_h = gl.minimum(mb_mid, mb_end_h)
-        mb_clean_h = gl.minimum(mb_clean, mb_end_h)
+        # the program's tiles of this head [mb_first, mb_end_h) (the loader's), and this warpgroup's share:
+        # [wf, wm) causal-masked, [wm, wc) clean, [wc, we) masked (a partial last tile; ACP)
+        wf = mb_first
+        wm = gl.minimum(mb_mid, mb_end_h)
+        wc = gl.minimum(mb_clean, mb_end_h)
+        we = mb_end_h
         if HAS_ACP:  # rows at/after khi[j] do not see key j; tiles from the first such row on are masked
             khi = (gl.load(HI + bh.to(gl.int64) * ACP_NK + pos_k // ACP_GN, mask=pos_k < Tk, other=Tq) + 1) * ACP_GM
-            mb_clean_h = gl.maximum(gl.minimum(mb_clean_h, gl.min(khi, 0) // BLOCK_M), mb_mid_h)
+            # the tiles of this warpgroup's own keys: those before wf lie wholly before its first key (causal),
+            # those from we on wholly after the last row its keys reach; it only hands their stages on
+            # (``_pass_stage``; they were wholly masked, so the results are the same bit for bit). A local head's
+            # key block sees ~3 query tiles, of which each warpgroup's keys see 2
+            w_first, w_mid, w_clean, _ = _bwd_schedule(n0, Tq, Tk, BLOCK_M, KEYS)
+            wf = gl.minimum(w_first, mb_end_h)
+            we = gl.maximum(gl.minimum(_bwd_acp_end(HI, bh, n0, Tk, wf, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M,
+                                                    KEYS, HAS_ACP), mb_end_h), wf)
+            wm = gl.maximum(gl.minimum(w_mid, we), wf)
+            wc = gl.maximum(gl.minimum(gl.minimum(w_clean, we), gl.min(khi, 0) // BLOCK_M), wm)
         i0 = base - mb_first
-        for mb in range(mb_first, mb_mid_h):
+        if HAS_ACP:
+            for mb in range(mb_first, wf):  # wholly before this warpgroup's first key: only the decay's sum moves
+                acc_c += gl.load(PQ_base + mb * BLOCK_M + BLOCK_M - 1)  # the tile's sum of log f, as _bwd_tile adds
+                _pass_stage(i0 + mb, q_ready, q_empty, do_ready, do_empty)
+        for mb in range(wf, wm):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
                                               q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
                                               s_layout, a_layout, True, HAS_ACP)
-        for mb in range(mb_mid_h, mb_clean_h):
+        for mb in range(wm, wc):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
                                               q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
                                               s_layout, a_layout, False, False)
-        for mb in range(mb_clean_h, mb_end_h):
+        for mb in range(wc, we):
             dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                               q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
                                               q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
                                               s_layout, a_layout, True, HAS_ACP)
+        if HAS_ACP:
+            for mb in range(we, mb_end_h):  # wholly after the last row its keys reach
+                _pass_stage(i0 + mb, q_ready, q_empty, do_ready, do_empty)
         base += mb_end_h - mb_first
         # DCOL is (B, Tk, H) contiguous
         gl.store(DCOL + (b.to(gl.int64) * Tk + pos_k) * H + h, colsum, mask=pos_k < Tk)
@@ -668,7 +722,7 @@ def _dq_load(q_desc, do_desc, k_desc, v_desc, ck_desc, q_smem, do_smem, k_bufs, 
     pid_m = gl.num_programs(1) - 1 - gl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m, Tq, ACP_NQ, ACP_GM, ACP_GN, NUM_WG * BLOCK_M, BLOCK_N, HAS_ACP)
+    lo_blk = _acp_lo_blk(LO, pid_bh, pid_m * NUM_WG * BLOCK_M, Tq, ACP_NQ, ACP_GM, ACP_GN, BLOCK_N, HAS_ACP)
     n_top, n_masked, n_total, E, n_um = _schedule(pid_m, Tq, Tk, lo_blk, NUM_WG * BLOCK_M, BLOCK_N)
     mbarrier.expect(q_bar, NUM_WG * (q_desc.block_type.nbytes + do_desc.block_type.nbytes))
     for w in gl.static_range(NUM_WG):
@@ -739,9 +793,9 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_read
     b = pid_bh // H
     h = pid_bh % H
     m_start = ((gl.num_programs(1) - 1 - gl.program_id(1)) * NUM_WG + WG) * BLOCK_M
-    n_top, n_masked, n_clean, n_total, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n = _query_rows(
-        LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG, NUM_WG,
-        s_layout, HAS_ACP)
+    n_top, n_masked, n_clean, n_total, t_skip, t_end, E, offs_m, row_ok, pos_q, kstart, rq2, PK_base, offs_n = \
+        _query_rows(LF, PK, LO, slb, slt, slh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, BLOCK_M, BLOCK_N, WG,
+                    NUM_WG, s_layout, HAS_ACP)
     qk_scale = sm_scale * LOG2E
     lse2 = gl.load(LSE + pid_bh.to(gl.int64) * Tq + offs_m, mask=row_ok, other=0.0)
     # delta = rowsum(o * dO) (O and DQ share q's contiguous strides; dO from shared memory)
@@ -759,7 +813,11 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_read
     g = gl.sum(gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(0, s_layout)), 0)
     tot = _block_total(PK_base, n_top, E, BLOCK_N)
     rql2 = rq2 + lse2
-    for i in range(0, n_masked):
+    for i in range(0, t_skip):  # wholly after this warpgroup's rows
+        g += tot
+        tot = _block_total(PK_base, n_top - (i + 1) * BLOCK_N, E, BLOCK_N)
+        _pass_stage(i, k_ready, k_empty, v_ready, v_empty)
+    for i in range(t_skip, n_masked):
         dq, rowsum, g, tot = _dq_tile(dq, rowsum, g, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs, ck_bufs,
                                       k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart,
                                       offs_n, qk_scale, s_layout, p_layout, True, HAS_ACP)
@@ -767,11 +825,13 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_read
         dq, rowsum, g, tot = _dq_tile(dq, rowsum, g, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs, ck_bufs,
                                       k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart,
                                       offs_n, qk_scale, s_layout, p_layout, False, False)
-    if HAS_ACP:  # (compiled out of the dense kernel)
-        for i in range(n_masked + n_clean, n_total):
+    if HAS_ACP:  # (compiled out of the dense kernel, where t_end = n_total)
+        for i in range(n_masked + n_clean, t_end):
             dq, rowsum, g, tot = _dq_tile(dq, rowsum, g, tot, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs,
                                           ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, rql2, delta, pos_q,
                                           kstart, offs_n, qk_scale, s_layout, p_layout, False, True)
+        for i in range(t_end, n_total):  # wholly before this warpgroup's rows' first kept keys
+            _pass_stage(i, k_ready, k_empty, v_ready, v_empty)
 
     # DROW is (B, Tq, H) contiguous
     gl.store(DROW + (b.to(gl.int64) * Tq + offs_m) * H + h, rowsum, mask=row_ok)

@@ -490,23 +490,43 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dlogf_kernel(DROW, DCOL, DLF, H, Tq, Tk, CHUNK: tl.constexpr):
-    """d log f_t = sum_{i >= t} (drow_i - dcol_i): reverse cumulative sum, chunk-local ``tl.cumsum`` plus a
-    float64 carry. DROW (B, Tq, H), DCOL / DLF (B, Tk, H), contiguous; one program per (b, h)."""
+def _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, CHUNK: tl.constexpr):
+    """dc_t = drow_t - dcol_t over chunk c of (b, h), positions Tk-1-c*CHUNK downwards (0 outside [0, Tk); drow
+    at query t - (Tk - Tq)), and the positions. DROW (B, Tq, H), DCOL (B, Tk, H), contiguous."""
+    t = Tk - 1 - c * CHUNK - tl.arange(0, CHUNK)
+    ok = t >= 0
+    dc = -tl.load(DCOL + (b.to(tl.int64) * Tk + t) * H + h, mask=ok, other=0.0)
+    dc += tl.load(DROW + (b.to(tl.int64) * Tq + (t - (Tk - Tq))) * H + h, mask=ok & (t >= Tk - Tq), other=0.0)
+    return dc, t, ok
+
+
+@triton.jit
+def _dlogf_sums_kernel(DROW, DCOL, S, H, Tq, Tk, NCH, CHUNK: tl.constexpr):
+    """Grid (B*H, NCH): S[b*h, c] = the float64 sum of dc over chunk c (``_dlogf_chunk``), the carries of
+    ``_dlogf_kernel``."""
     pid = tl.program_id(0)
+    c = tl.program_id(1)
+    dc, _, _ = _dlogf_chunk(DROW, DCOL, pid // H, pid % H, c, H, Tq, Tk, CHUNK)
+    tl.store(S + pid.to(tl.int64) * NCH + c, tl.sum(dc.to(tl.float64), 0))
+
+
+@triton.jit
+def _dlogf_kernel(DROW, DCOL, S, DLF, H, Tq, Tk, NCH, CHUNK: tl.constexpr, VEC: tl.constexpr):
+    """Grid (B*H, NCH): d log f_t = sum_{i >= t} (drow_i - dcol_i) over chunk c: the chunk-local fp32 reverse
+    ``tl.cumsum`` plus a float64 carry, the sum of the later chunks' S (``_dlogf_sums_kernel``), so no value is
+    differenced from a long fp32 sum and the chunks run in parallel (a serial carry over the chunks, one
+    program per (b, h), took 39 / 68 us at S2 / S4; these two launches 14 / 13). DLF (B, Tk, H) contiguous."""
+    pid = tl.program_id(0)
+    c = tl.program_id(1)
+    v = tl.arange(0, VEC)
+    carry = tl.sum(tl.zeros([VEC], dtype=tl.float64), 0)
+    for j0 in range(0, c, VEC):
+        carry += tl.sum(tl.load(S + pid.to(tl.int64) * NCH + j0 + v, mask=j0 + v < c, other=0.0), 0)
     b = pid // H
     h = pid % H
-    off = Tk - Tq
-    offs = tl.arange(0, CHUNK)
-    carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64), 0)
-    for c in range(0, tl.cdiv(Tk, CHUNK)):
-        t = Tk - 1 - c * CHUNK - offs  # descending positions
-        ok = t >= 0
-        dc = -tl.load(DCOL + (b.to(tl.int64) * Tk + t) * H + h, mask=ok, other=0.0)
-        dc += tl.load(DROW + (b.to(tl.int64) * Tq + (t - off)) * H + h, mask=ok & (t >= off), other=0.0)
-        out = tl.cumsum(dc, 0).to(tl.float64) + carry
-        tl.store(DLF + (b.to(tl.int64) * Tk + t) * H + h, out.to(tl.float32), mask=ok)
-        carry += tl.sum(dc.to(tl.float64), 0)
+    dc, t, ok = _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, CHUNK)
+    out = tl.cumsum(dc, 0).to(tl.float64) + carry
+    tl.store(DLF + (b.to(tl.int64) * Tk + t) * H + h, out.to(tl.float32), mask=ok)
 
 
 @triton.jit

@@ -168,6 +168,19 @@ def test_block_prefix_sums(Tq, Tk):
             assert (got[plane].double() - want).abs().max() <= 1e-5 * want.abs().max(), (plane, size)
 
 
+@pytest.mark.parametrize("Tq,Tk", [(300, 300), (37, 230), (1, 64), (200, 1000)])
+def test_dlogf_scan(Tq, Tk):
+    """d log f = the reverse cumsum of drow - dcol (drow at the last Tq positions), in chunks of 64 under the
+    interpreter that run in parallel with float64 carries, against float64 torch; every element written."""
+    g = torch.Generator().manual_seed(Tk)
+    drow, dcol = torch.randn(2, Tq, 3, generator=g), torch.randn(2, Tk, 3, generator=g)
+    dc = -dcol.double()
+    dc[:, Tk - Tq:] += drow.double()
+    want = dc.flip(1).cumsum(1).flip(1)
+    got = fa._bwd_dlogf(drow, dcol)
+    assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
 def test_default_dispatch_cpu_is_reference():
     q, k, v, lf = make(1, 10, 10, 2, 2, 16)
     assert torch.equal(forgetting_attention(q, k, v, lf), forgetting_attention_ref(q, k, v, lf))
@@ -452,8 +465,8 @@ def test_kernels_compile_for_sm90(tmp_path):
     r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs"], env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # 8 Triton kernels + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP
-    assert r.stdout.count(" ok (") == 17, r.stdout
+    # 9 Triton kernels + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP
+    assert r.stdout.count(" ok (") == 18, r.stdout
 
     def consts(line, *keys):
         return (int(re.search(rf"'{key}': (\d+)", line).group(1)) for key in keys)
