@@ -9,6 +9,7 @@ a training checkpoint's with the prefix ``model.``. See docs/hf.md.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,11 @@ MODEL_TYPE = "forgetting_transformer"
 MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
 # Defaults for the ModelConfig fields that have none there (a bare FoXConfig() is a tiny FoX (LLaMA)).
 _REQUIRED_DEFAULTS = dict(name="fox_llama", arch="decoder", vocab_size=4096, n_layers=4, d_model=192)
+# transformers 5.24 renamed the cache argument of forward() and generate() from past_key_values to cache (the old
+# name is deprecated until 5.40): FoXForCausalLM.forward takes either, and generate() keeps the FoXCache under the
+# name the installed version passes on
+_CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+                else "past_key_values")
 
 
 class FoXConfig(PretrainedConfig):
@@ -249,12 +255,12 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
         if model_kwargs.get("attention_mask") is not None:
             seq_start_from_mask(model_kwargs["attention_mask"])
         # generate() builds its cache here before the prefill (chunked prefill needs one): always a FoXCache.
-        if model_kwargs.get("past_key_values") is not None or generation_config.use_cache is False:
+        if model_kwargs.get(_CACHE_KWARG) is not None or generation_config.use_cache is False:
             return
         if generation_config.cache_implementation not in (None, "dynamic"):
             raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
                              f"FoXForCausalLM decodes with its own FoXCache")
-        model_kwargs["past_key_values"] = FoXCache(self.config.n_layers)
+        model_kwargs[_CACHE_KWARG] = FoXCache(self.config.n_layers)
 
     def _init_weights(self, module):
         # DecoderLM.reset_parameters, module by module: transformers runs this on what a checkpoint did not fill
@@ -290,6 +296,7 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         past_key_values: FoXCache | None = None,
+        cache: FoXCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -300,12 +307,13 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """input_ids (B, T): the tokens after those in ``past_key_values`` (all of them without a cache); or
-        inputs_embeds (B, T, d_model) in their place (exactly one of the two).
+        """input_ids (B, T): the tokens after those in the cache (all of them without one); or inputs_embeds
+        (B, T, d_model) in their place (exactly one of the two). cache, or past_key_values (its name before
+        transformers 5.24; either, not both): a ``FoXCache`` returned by an earlier call.
 
         attention_mask (B, past + T): 0/1, left padding; without a cache also right padding. position_ids (B, T):
         RoPE positions (default: counted from each row's first real token). use_cache: return a ``FoXCache``
-        extended with these tokens (default: only when ``past_key_values`` is given). logits_to_keep: compute
+        extended with these tokens (default: only when a cache is given). logits_to_keep: compute
         logits for the last N tokens only (0 = all). num_items_in_batch (with labels; the Trainer passes it under
         gradient accumulation): the loss is the summed token loss divided by it instead of the mean.
         """
@@ -316,7 +324,10 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
                              + ("both" if input_ids is not None else "neither"))
         inputs = input_ids if inputs_embeds is None else inputs_embeds
         B, T = inputs.shape[:2]
-        cache = self._resolve_cache(past_key_values, use_cache)
+        if cache is not None and past_key_values is not None and cache is not past_key_values:
+            raise ValueError("pass the cache as cache or as past_key_values (its name before transformers 5.24), "
+                             "not both")
+        cache = self._resolve_cache(past_key_values if cache is None else cache, use_cache)
         past = cache.get_seq_length() if cache is not None else 0
         seq_start = None
         if attention_mask is not None:

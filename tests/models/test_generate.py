@@ -118,6 +118,21 @@ def test_pad_gates_and_pad_tokens_do_not_matter():
     torch.testing.assert_close(a, alone, rtol=1e-5, atol=1e-6)
 
 
+def test_forward_takes_the_cache_as_cache_or_past_key_values():
+    """transformers 5.24 renamed forward's past_key_values to cache: either name continues a FoXCache with the
+    same logits; both at once is an error."""
+    model = tiny(PRO)
+    ids = torch.randint(0, 97, (2, 6))
+    with torch.no_grad():
+        old = model(ids[:, 5:], past_key_values=model(ids[:, :5], use_cache=True).past_key_values)
+        new = model(ids[:, 5:], cache=model(ids[:, :5], use_cache=True).past_key_values)
+        torch.testing.assert_close(new.logits, old.logits, rtol=0, atol=0)
+        assert new.past_key_values.get_seq_length() == 6
+        c1, c2 = (model(ids[:, :5], use_cache=True).past_key_values for _ in range(2))
+        with pytest.raises(ValueError, match="not both"):
+            model(ids[:, 5:], cache=c1, past_key_values=c2)
+
+
 def test_unsupported_inputs_are_clear_errors():
     model = tiny({})
     ids = torch.randint(0, 97, (2, 5))
