@@ -293,12 +293,21 @@ def bench_acp(shapes, profile_acp=False, rounds=3):
     return lines
 
 
+def rounds_arg(text):
+    """A number of timing rounds (argparse type): an int >= 1, else an error naming the value."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"rounds must be >= 1; got {n}")
+    return n
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-acp", action="store_true")
     ap.add_argument("--acp-only", action="store_true", help="only the ACP table (prints, writes nothing)")
     ap.add_argument("--profile-acp", action="store_true", help="print the kernels of one ACP call per shape")
-    ap.add_argument("--acp-rounds", type=int, default=3, help="rounds of alternating dense / ACP timings (medians)")
+    ap.add_argument("--acp-rounds", type=rounds_arg, default=3,
+                    help="rounds of alternating dense / ACP timings (medians; >= 1)")
     ap.add_argument("--sweep", default="", help="comma list of shapes: time each kernel per config, then exit")
     ap.add_argument("--out", default="docs/benchmarks.md")
     ap.add_argument("--shapes", default="S1,S2,S3,S4")

@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (bench_attention puts the repo root on sys.path)
-from bench_attention import SHAPES, acp_inputs, bench_graph, graph_time, make_inputs, profile  # noqa: E402
+from bench_attention import (SHAPES, acp_inputs, bench_graph, graph_time, make_inputs, profile,  # noqa: E402
+                             rounds_arg)
 
 import forgetting_transformer.ops as ops_pkg  # noqa: E402
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -95,7 +96,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--old", required=True, help="path of the A version of gluon_kernels.py")
     ap.add_argument("--shapes", default="S1,S2,S3,S4")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=rounds_arg, default=3, help="A/B rounds (medians; >= 1)")
     ap.add_argument("--expect-equal", action="store_true", help="exit 1 unless A and B agree bit for bit")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="time each Gluon kernel alone instead of the op")
