@@ -3,10 +3,12 @@
 (QK-normed q/k, threshold "auto"); then the same with extra tile configs offered to the autotuner
 (--extra-configs), and the configs it picked.
 
-    python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs] [--profile] [--host]
+    python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs] [--profile] [--host] [--kernels]
 
 Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups", eager and
-replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call. docs/kernel.md
+replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call. --kernels instead
+times the Gluon forward, dq and dk/dv kernels alone (CUDA graph) per head mix, dense and ACP (all_local shows the
+cost of short programs: a local head's program computes a few tiles). docs/kernel.md
 quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
 """
 
@@ -46,6 +48,41 @@ def run(tag, shapes, profile_mixed=False):
                        f"{r[0] / r[2]:.2f}x/{r[1] / r[3]:.2f}x (CUDA graph: dense {g[0]:.3f}/{g[1]:.3f} "
                        f"acp {g[2]:.3f}/{g[3]:.3f} -> {g[0] / g[2]:.2f}x/{g[1] / g[3]:.2f}x)")
         print(f"[{tag}] {s} " + " | ".join(out), flush=True)
+
+
+def kernel_times(shapes):
+    """Each Gluon kernel alone per head mix (CUDA graph, ms): dense, ACP, and ACP's share of dense."""
+    import math
+
+    import torch
+
+    from bench_attention import graph_time
+
+    print("| shape | mix | kernel | dense ms | ACP ms | dense / ACP |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    for s in shapes:
+        B, T, H, D = SHAPES[s]
+        sm = D ** -0.5
+        for mix, local in (("mixed", H // 2), ("all_local", H), ("all_global", 0)):
+            (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=local)
+            tables = fa._acp_tables_for(q, k, lf, sm, "auto", math.exp(-10), (w, w))[:2]
+            do = torch.randn_like(q)
+            pk, pq = fa._block_prefix(lf, T)
+            res = {}
+            for case, tb in (("dense", None), ("acp", tables)):
+                o, lse = fa._fwd_launch_sm90(q, k, v, lf, sm, acp_tables=tb)
+                _, _, delta = fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, acp_tables=tb)
+                calls = {"fwd": lambda: fa._fwd_launch_sm90(q, k, v, lf, sm, acp_tables=tb),
+                         "dq": lambda: fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, acp_tables=tb),
+                         "dkdv": lambda: fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, acp_tables=tb)}
+                for kind, call in calls.items():
+                    res[(case, kind)] = graph_time(call)
+            res[("acp", "tables")] = graph_time(lambda: fa._acp_tables_for(q, k, lf, sm, "auto", math.exp(-10),
+                                                                           (w, w)))
+            for kind in ("fwd", "dq", "dkdv"):
+                d, a = res[("dense", kind)], res[("acp", kind)]
+                print(f"| {s} | {mix} | {kind} | {d:.4f} | {a:.4f} | {d / a:.3f}x |", flush=True)
+            print(f"| {s} | {mix} | ACP tables | | {res[('acp', 'tables')]:.4f} | |", flush=True)
 
 
 def host_cost(n=200):
@@ -94,8 +131,12 @@ def main():
     ap.add_argument("--extra-configs", action="store_true")
     ap.add_argument("--profile", action="store_true", help="print the kernels of one mixed-heads ACP call per shape")
     ap.add_argument("--host", action="store_true", help="first measure the host-side cost per call (cProfile)")
+    ap.add_argument("--kernels", action="store_true", help="time each Gluon kernel alone per head mix instead")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
+    if args.kernels:
+        kernel_times(shapes)
+        return
     if args.host:
         host_cost()
     run("default configs", shapes, args.profile)

@@ -292,21 +292,32 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_emp
         tot = _block_total(PK_base, n_top - (i + 1) * BLOCK_N, E, BLOCK_N)
         _pass_stage(i, k_ready, k_empty, v_ready, v_empty)
     mbarrier.wait(q_bar, 0)
-    for i in range(t_skip, n_masked):
-        acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
-                                          k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
-                                          qk_scale, s_layout, p_layout, row_o, True, HAS_ACP)
-    for i in range(n_masked, n_masked + n_clean):
-        acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
-                                          k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
-                                          qk_scale, s_layout, p_layout, row_o, False, False)
-    if HAS_ACP:  # (compiled out of the dense kernel, where t_end = n_total)
-        for i in range(n_masked + n_clean, t_end):
-            acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                              ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart,
-                                              offs_n, qk_scale, s_layout, p_layout, row_o, False, True)
+    if HAS_ACP:
+        # one loop with both tile variants, so the kernel carries two copies of the tile code per warpgroup, as
+        # the dense one does: a third (a loop of its own for the blocks that straddle a row's first kept key, which
+        # the masked variant handles too) made this kernel 7-8% slower at head dim 64 even where that loop ran no
+        # iteration (every head global; docs/benchmarks.md, session 16). The dense kernel keeps two loops: one
+        # loop ran 2-3% slower there
+        for i in range(t_skip, t_end):
+            if (i < n_masked) | (i >= n_masked + n_clean):  # causal diagonal blocks; blocks straddling a bound
+                acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
+                                                  ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
+                                                  kstart, offs_n, qk_scale, s_layout, p_layout, row_o, True, True)
+            else:
+                acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
+                                                  ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
+                                                  kstart, offs_n, qk_scale, s_layout, p_layout, row_o, False, False)
         for i in range(t_end, n_total):  # wholly before this warpgroup's rows' first kept keys
             _pass_stage(i, k_ready, k_empty, v_ready, v_empty)
+    else:
+        for i in range(t_skip, n_masked):
+            acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
+                                              k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
+                                              qk_scale, s_layout, p_layout, row_o, True, False)
+        for i in range(n_masked, n_masked + n_clean):
+            acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
+                                              k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
+                                              qk_scale, s_layout, p_layout, row_o, False, False)
 
     l_ok = l_i > 0.0
     lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)) - rq2, 0.0)  # with the decay's query part
