@@ -11,7 +11,10 @@ too large for the part). Arguments are specialised as at run time on contiguous 
 (aligned pointers, 16-divisible strides: ``compile_one``), so the loads are pipelined and the shared memory
 checked is that of the multi-buffered kernel. ``--quick``: head dim 64 only (what CI runs, ~20 s; the full set
 takes ~3 min on 2 cores). ``--regs``: also registers per thread and spill bytes (``ptxas -v``), the limit that
-software-pipelining experiments run into (docs/kernel.md). Must run with TRITON_INTERPRET unset
+software-pipelining experiments run into (docs/kernel.md). ``--sass DIR``: also write each kernel's SASS
+(``cuobjdump``) to DIR and print its instruction count and the sizes of its innermost loops that issue wgmma
+(one per inlined copy of a tile loop: how much code each consumer warpgroup runs per tile, docs/benchmarks.md
+session 16). Must run with TRITON_INTERPRET unset
 (``tests/ops/test_kernel.py`` runs it in a subprocess). Exits 1 and names the failing kernel and constants
 when one does not compile or does not fit.
 """
@@ -102,6 +105,30 @@ def ptxas_usage(kernel, arch):
     return regs, st, ld
 
 
+def sass_loops(kernel, path):
+    """Write ``kernel``'s SASS to ``path``; returns (instructions, [instructions of each innermost loop that issues
+    wgmma]) -- a loop being a backward branch's range, innermost when it holds no other such range."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia import compiler as nv
+
+    cuobjdump = os.path.join(os.path.dirname(nv.get_ptxas(90).path), "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    with open(path, "w") as f:
+        f.write(sass)
+    ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    ranges = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"BRA (0x[0-9a-f]+)", t))
+              and int(m.group(1), 16) < a]
+    inner = [(lo, hi) for lo, hi in ranges if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in ranges)]
+    loops = [[t for a, t in ins if lo <= a <= hi] for lo, hi in inner]
+    return len(ins), sorted(len(body) for body in loops if any("HGMMA" in t for t in body))
+
+
 def compile_gluon(fn, consts, types, aligned, arch=90, consumers=2):
     """A Gluon sm90 kernel as its launcher (``forgetting_attention._fwd_launch_sm90`` / ``_bwd_dkdv_sm90``)
     launches it: bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
@@ -177,6 +204,7 @@ def main():
     ap.add_argument("--arch", type=int, nargs="+", default=[90, 80])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--regs", action="store_true", help="also print registers and spill bytes (ptxas -v)")
+    ap.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS to DIR and print its loop sizes")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
@@ -212,6 +240,11 @@ def main():
                 regs = ""
                 if args.regs:
                     regs = ", {} registers, spills {} / {} bytes stored / loaded".format(*ptxas_usage(kernel, arch))
+                if args.sass:
+                    os.makedirs(args.sass, exist_ok=True)
+                    tag = "_".join(f"{k}{v}" for k, v in consts.items() if k in ("HEAD_DIM", "HAS_ACP", "HAS_LO"))
+                    n, loops = sass_loops(kernel, os.path.join(args.sass, f"sm{arch}_{name}_{tag}.sass"))
+                    regs += f", {n} SASS instructions, wgmma loops of {loops} instructions"
                 print(f"sm{arch} {name} {consts} warps {w} stages {s} ok ({shared} bytes shared{regs})", flush=True)
             except Exception as e:  # noqa: BLE001 (report every failure, then exit 1)
                 failed += 1

@@ -10,7 +10,9 @@ bitwise equal, for a change that claims not to move a bit), then times fwd and f
 CUDA graph (GPU time only), alternating A and B for ``--rounds`` rounds so that drift of the machine hits both;
 it prints the median of the rounds and B's speed-up. ``--profile`` prints the kernels of one ACP fwd+bwd call of
 B per shape (torch profiler). ``--kernels`` instead times the forward, dq and dk/dv kernels alone, A against B
-(dense and with ACP's tables), and B's d log f and ACP-table kernels.
+(dense and with ACP's tables), and B's d log f and ACP-table kernels. ``--heads all_global`` / ``all_local``
+gives the ACP case every head global (log f = -1e-4: nothing pruned, the ACP kernels' overhead over the dense
+ones) or local instead of half and half.
 """
 
 import argparse
@@ -51,7 +53,10 @@ def outputs(fn, inputs):
     return (o.detach(), *torch.autograd.grad(o, (q, k, v, lf), do))
 
 
-def kernels_ab(shapes, old, rounds):
+LOCAL = {"mixed": lambda H: H // 2, "all_global": lambda H: 0, "all_local": lambda H: H}
+
+
+def kernels_ab(shapes, old, rounds, heads="mixed"):
     """Each Gluon kernel (forward, dq, dk/dv) alone, A against B, dense and with ACP (the op's tables), replayed from
     a CUDA graph, A and B alternating; plus d log f's kernel time (not a Gluon kernel: the working tree's)."""
     import math
@@ -62,7 +67,7 @@ def kernels_ab(shapes, old, rounds):
     for s in shapes:
         B, T, H, D = SHAPES[s]
         sm = D ** -0.5
-        (qa, ka, va, lfa), w = acp_inputs(B, T, H, D, local_heads=H // 2)
+        (qa, ka, va, lfa), w = acp_inputs(B, T, H, D, local_heads=LOCAL[heads](H))
         for case, (q, k, v, lf) in (("dense", make_inputs(B, T, H, D)), ("acp", (qa, ka, va, lfa))):
             tables = None
             if case == "acp":
@@ -100,18 +105,20 @@ def main():
     ap.add_argument("--expect-equal", action="store_true", help="exit 1 unless A and B agree bit for bit")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="time each Gluon kernel alone instead of the op")
+    ap.add_argument("--heads", default="mixed", choices=sorted(LOCAL),
+                    help="the ACP case's heads: half local (mixed), all global or all local")
     args = ap.parse_args()
     old = load(args.old)
     print(f"A: {args.old}; B: {new_module.__file__}; {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {__import__('triton').__version__}", flush=True)
     if args.kernels:
-        kernels_ab(args.shapes.split(","), old, args.rounds)
+        kernels_ab(args.shapes.split(","), old, args.rounds, args.heads)
         return
     differ = 0
     rows = []
     for s in args.shapes.split(","):
         B, T, H, D = SHAPES[s]
-        (qa, ka, va, lfa), w = acp_inputs(B, T, H, D, local_heads=H // 2)
+        (qa, ka, va, lfa), w = acp_inputs(B, T, H, D, local_heads=LOCAL[args.heads](H))
         cases = {
             "dense": (lambda q, k, v, lf: forgetting_attention(q, k, v, lf), make_inputs(B, T, H, D)),
             "acp": (lambda q, k, v, lf: forgetting_attention(q, k, v, lf, adaptive_threshold="auto",

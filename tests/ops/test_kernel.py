@@ -453,8 +453,8 @@ def test_hopper_probe_tma_forward_matches_reference(monkeypatch):
 def test_kernels_compile_for_sm90(tmp_path):
     """The interpreter runs the kernels as Python; this compiles them through triton's real pipeline (down to
     ptxas) for sm90, specialised as at run time (ints equal to 1 as constants, aligned pointers and strides) and
-    checked against the shared-memory limit: scripts/compile_kernels.py --quick --regs, in a subprocess without
-    TRITON_INTERPRET and with an empty cache."""
+    checked against the shared-memory limit: scripts/compile_kernels.py --quick --regs --sass, in a subprocess
+    without TRITON_INTERPRET and with an empty cache."""
     import re
     import subprocess
     import sys
@@ -462,8 +462,8 @@ def test_kernels_compile_for_sm90(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "compile_kernels.py")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
-    r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs"], env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs", "--sass", str(tmp_path / "sass")],
+                       env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     # 9 Triton kernels + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP
     assert r.stdout.count(" ok (") == 18, r.stdout
@@ -489,6 +489,15 @@ def test_kernels_compile_for_sm90(tmp_path):
         d, bm, bn, wgs = consts(line, "HEAD_DIM", "BLOCK_M", "BLOCK_N", "NUM_WG")
         stages = int(re.search(r"stages (\d+)", line).group(1))
         assert shared >= 2 * wgs * bm * d * 2 + stages * 2 * bn * d * 2, line
+    # the Gluon forward under ACP runs no more tile code per consumer warpgroup than the dense one: a third inlined
+    # copy of the tile loop (its blocks that straddle ACP's bound) cost 4-6% at head dim 64 (docs/benchmarks.md,
+    # session 16)
+    loops = {}
+    for line in (ln for ln in r.stdout.splitlines() if "fox_fwd_sm90_kernel" in ln and "'HEAD_DIM': 64" in ln):
+        sizes = [int(x) for x in re.search(r"wgmma loops of \[([\d, ]+)\]", line).group(1).split(",")]
+        loops["'HAS_ACP': True" in line] = sizes
+    assert len(loops[False]) == 6 and sum(loops[True]) <= 1.1 * sum(loops[False]), loops
+    assert len(list((tmp_path / "sass").glob("sm90_fox_fwd_sm90_kernel_*.sass"))) == 3  # 64 dense / ACP, 128 dense
     fwd = next(line for line in r.stdout.splitlines() if "_attn_fwd_kernel" in line and "'HAS_START': False" in line)
     shared, regs = (int(x) for x in re.search(r"ok \((\d+) bytes shared, (\d+) registers", fwd).groups())
     # the pipelined forward keeps 3 stages of K and V tiles (64 x 64 bf16 each) in shared memory; without the
