@@ -298,6 +298,13 @@ def _sm90_maxnreg(num_warps):
 _SM90_BWD_CONFIGS = {64: (64, 64, 2, 2), 128: (64, 64, 2, 2)}
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device_index):
+    """(major, minor) of a CUDA device, cached: ``torch.cuda.get_device_capability`` costs ~8 us of host time and
+    every Gluon call asks three times."""
+    return torch.cuda.get_device_capability(device_index)
+
+
 def _use_sm90(q, k, v, head_dims=_SM90_CONFIGS, *more):
     """Whether a causal pass without documents or padding (checked by the caller; dense or with ACP) runs a Gluon
     kernel: a Hopper GPU (compute capability 9.x), 16-bit inputs, a head dim in ``head_dims``, TMA's 16-byte-aligned
@@ -306,7 +313,7 @@ def _use_sm90(q, k, v, head_dims=_SM90_CONFIGS, *more):
     return (q.is_cuda and not _interpreting() and os.environ.get("FOX_GLUON", "1") != "0"
             and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] in head_dims
             and all(t.data_ptr() % 16 == 0 for t in (q, k, v, *more))
-            and torch.cuda.get_device_capability(q.device)[0] == 9)
+            and _capability(q.device.index if q.device.index is not None else torch.cuda.current_device())[0] == 9)
 
 
 @functools.lru_cache(maxsize=None)
@@ -319,23 +326,43 @@ def _smem_layout(block, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), gdt)
 
 
-def _tma_desc(t, block):
-    """TMA descriptor over the (B*T, heads*D) view of a contiguous 16-bit (B, T, heads, D) tensor, blocks of
-    [block, D] (the Gluon kernels' Q / K / V / dO tiles)."""
+@functools.lru_cache(maxsize=None)
+def _desc_template(block, dtype):
+    """A TMA descriptor of blocks ``block`` (a tuple) and ``dtype``, over a small CPU tensor, checked by the
+    descriptor's constructor (layout, block shape, dtype)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    strides = [math.prod(block[i + 1:]) for i in range(len(block))]
+    return TensorDescriptor(torch.empty(block, dtype=dtype), list(block), strides, list(block),
+                            _smem_layout(block, dtype))
+
+
+def _desc(base, shape, strides, block):
+    """The descriptor of ``_desc_template(block, base.dtype)`` over ``base`` with ``shape`` and ``strides`` (row-major
+    elements). The constructor's checks of those (16-byte aligned base and strides, positive shape) are the
+    launchers' to keep: redone per descriptor they cost ~5 us of host time, and a forward + backward builds 16.
+    The base's alignment is checked here (one cheap test; a misaligned base would make the TMA copies fault)."""
+    if base.data_ptr() % 16:
+        raise ValueError(f"TMA descriptor base must be 16-byte aligned; got address {base.data_ptr():#x}")
+    tpl = _desc_template(block, base.dtype)
+    d = object.__new__(type(tpl))
+    d.__dict__.update(tpl.__dict__)
+    d.base, d.shape, d.strides = base, shape, strides
+    return d
+
+
+def _tma_desc(t, block):
+    """TMA descriptor over the (B*T, heads*D) view of a contiguous 16-bit (B, T, heads, D) tensor, blocks of
+    [block, D] (the Gluon kernels' Q / K / V / dO tiles). heads * D is a multiple of 8 at the Gluon head dims, so
+    the row stride is 16-byte aligned."""
     B, T, heads, D = t.shape
-    return TensorDescriptor(t.view(B * T, heads * D), [B * T, heads * D], [heads * D, 1], [block, D],
-                            _smem_layout((block, D), t.dtype))
+    return _desc(t, [B * T, heads * D], [heads * D, 1], (block, D))
 
 
 def _tma_vec(t, block):
-    """1-D TMA descriptor over the flat fp32 ``t`` (at least ``block`` long), blocks of ``block``: the Gluon kernels'
-    rows of PK / PQ (``_block_prefix``), LSE and delta."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    t = t.reshape(-1)
-    return TensorDescriptor(t, [t.numel()], [1], [block], _smem_layout((block,), torch.float32))
+    """1-D TMA descriptor over the flat fp32 contiguous ``t`` (at least ``block`` long), blocks of ``block``: the
+    Gluon kernels' rows of PK / PQ (``_block_prefix``), LSE and delta."""
+    return _desc(t, [t.numel()], [1], (block,))
 
 
 def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):

@@ -450,6 +450,29 @@ def test_hopper_probe_tma_forward_matches_reference(monkeypatch):
     assert rel(o, ref) <= RTOL
 
 
+def test_tma_descriptors_match_the_checked_constructor():
+    """The Gluon launchers' descriptors (``_tma_desc`` / ``_tma_vec``) skip the constructor's per-call checks to
+    save host time; their fields equal those of descriptors the constructor builds over the same views, and a
+    base that is not 16-byte aligned is refused with its address."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    def same(got, want):
+        assert type(got) is type(want)
+        assert got.base.data_ptr() == want.base.data_ptr() and got.base.dtype == want.base.dtype
+        assert {k: v for k, v in vars(got).items() if k != "base"} == {k: v for k, v in vars(want).items()
+                                                                       if k != "base"}
+
+    q = torch.randn(2, 40, 3, 64).to(torch.bfloat16)
+    for block in (64, 128):
+        same(fa._tma_desc(q, block), TensorDescriptor(q.view(80, 192), [80, 192], [192, 1], [block, 64],
+                                                      fa._smem_layout((block, 64), torch.bfloat16)))
+    pk = torch.randn(4, 6, 128)
+    same(fa._tma_vec(pk, 64), TensorDescriptor(pk.reshape(-1), [pk.numel()], [1], [64],
+                                               fa._smem_layout((64,), torch.float32)))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        fa._tma_vec(torch.zeros(1000)[1:], 64)
+
+
 def test_kernels_compile_for_sm90(tmp_path):
     """The interpreter runs the kernels as Python; this compiles them through triton's real pipeline (down to
     ptxas) for sm90, specialised as at run time (ints equal to 1 as constants, aligned pointers and strides) and
