@@ -20,7 +20,8 @@ import sys
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_attention import SHAPES, acp_inputs, bench, bench_graph, profile  # noqa: E402  (also puts the repo root on sys.path)
+# (bench_attention also puts the repo root on sys.path)
+from bench_attention import HEAD_MIXES, SHAPES, acp_inputs, bench, bench_graph, graph_time, profile  # noqa: E402
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -34,8 +35,8 @@ def run(tag, shapes, profile_mixed=False):
     for s in shapes:
         B, T, H, D = SHAPES[s]
         out = []
-        for mix, local in (("mixed", H // 2), ("all_local", H), ("all_global", 0)):
-            inputs, w = acp_inputs(B, T, H, D, local_heads=local)
+        for mix, local in HEAD_MIXES.items():
+            inputs, w = acp_inputs(B, T, H, D, local_heads=local(H))
 
             def acp(q, k, v, lf):
                 return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
@@ -56,15 +57,13 @@ def kernel_times(shapes):
 
     import torch
 
-    from bench_attention import graph_time
-
     print("| shape | mix | kernel | dense ms | ACP ms | dense / ACP |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
     for s in shapes:
         B, T, H, D = SHAPES[s]
         sm = D ** -0.5
-        for mix, local in (("mixed", H // 2), ("all_local", H), ("all_global", 0)):
-            (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=local)
+        for mix, local in HEAD_MIXES.items():
+            (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=local(H))
             tables = fa._acp_tables_for(q, k, lf, sm, "auto", math.exp(-10), (w, w))[:2]
             do = torch.randn_like(q)
             pk, pq = fa._block_prefix(lf, T)

@@ -227,6 +227,10 @@ def profile(fn, inputs, title):
           flush=True)
 
 
+# ACP's head mixes: the number of local heads among H (the benchmark's is "mixed")
+HEAD_MIXES = {"mixed": lambda H: H // 2, "all_local": lambda H: H, "all_global": lambda H: 0}
+
+
 def acp_inputs(B, T, H, D, local_heads):
     """ACP's benchmark inputs: q / k QK-normed (RMSNorm with unit weights, returned as ``w``), log f = -1.3 for the
     first ``local_heads`` heads (local) and -1e-4 for the others (global). Returns (q, k, v, lf), w."""
@@ -248,7 +252,7 @@ def bench_acp(shapes, profile_acp=False, rounds=3):
     rows = []
     for sname in shapes:
         B, T, H, D = SHAPES[sname]
-        (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=H // 2)
+        (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
         dense = lambda q, k, v, lf: forgetting_attention(q, k, v, lf)  # noqa: E731
         acp = lambda q, k, v, lf: forgetting_attention(  # noqa: E731
             q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))

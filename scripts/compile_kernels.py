@@ -124,7 +124,8 @@ def sass_loops(kernel, path):
     ins = [(int(a, 16), t) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     ranges = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"BRA (0x[0-9a-f]+)", t))
               and int(m.group(1), 16) < a]
-    inner = [(lo, hi) for lo, hi in ranges if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in ranges)]
+    inner = [(lo, hi) for lo, hi in ranges
+             if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in ranges)]
     loops = [[t for a, t in ins if lo <= a <= hi] for lo, hi in inner]
     return len(ins), sorted(len(body) for body in loops if any("HGMMA" in t for t in body))
 

@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (bench_attention puts the repo root on sys.path)
-from bench_attention import (SHAPES, acp_inputs, bench_graph, graph_time, make_inputs, profile,  # noqa: E402
-                             rounds_arg)
+from bench_attention import (HEAD_MIXES, SHAPES, acp_inputs, bench_graph, graph_time, make_inputs,  # noqa: E402
+                             profile, rounds_arg)
 
 import forgetting_transformer.ops as ops_pkg  # noqa: E402
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -53,9 +53,6 @@ def outputs(fn, inputs):
     return (o.detach(), *torch.autograd.grad(o, (q, k, v, lf), do))
 
 
-LOCAL = {"mixed": lambda H: H // 2, "all_global": lambda H: 0, "all_local": lambda H: H}
-
-
 def kernels_ab(shapes, old, rounds, heads="mixed"):
     """Each Gluon kernel (forward, dq, dk/dv) alone, A against B, dense and with ACP (the op's tables), replayed from
     a CUDA graph, A and B alternating; plus d log f's kernel time (not a Gluon kernel: the working tree's)."""
@@ -67,7 +64,7 @@ def kernels_ab(shapes, old, rounds, heads="mixed"):
     for s in shapes:
         B, T, H, D = SHAPES[s]
         sm = D ** -0.5
-        (qa, ka, va, lfa), w = acp_inputs(B, T, H, D, local_heads=LOCAL[heads](H))
+        (qa, ka, va, lfa), w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES[heads](H))
         for case, (q, k, v, lf) in (("dense", make_inputs(B, T, H, D)), ("acp", (qa, ka, va, lfa))):
             tables = None
             if case == "acp":
@@ -105,7 +102,7 @@ def main():
     ap.add_argument("--expect-equal", action="store_true", help="exit 1 unless A and B agree bit for bit")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--kernels", action="store_true", help="time each Gluon kernel alone instead of the op")
-    ap.add_argument("--heads", default="mixed", choices=sorted(LOCAL),
+    ap.add_argument("--heads", default="mixed", choices=sorted(HEAD_MIXES),
                     help="the ACP case's heads: half local (mixed), all global or all local")
     args = ap.parse_args()
     old = load(args.old)
@@ -118,7 +115,7 @@ def main():
     rows = []
     for s in args.shapes.split(","):
         B, T, H, D = SHAPES[s]
-        (qa, ka, va, lfa), w = acp_inputs(B, T, H, D, local_heads=LOCAL[args.heads](H))
+        (qa, ka, va, lfa), w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES[args.heads](H))
         cases = {
             "dense": (lambda q, k, v, lf: forgetting_attention(q, k, v, lf), make_inputs(B, T, H, D)),
             "acp": (lambda q, k, v, lf: forgetting_attention(q, k, v, lf, adaptive_threshold="auto",
