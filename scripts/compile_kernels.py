@@ -115,6 +115,8 @@ def sass_loops(kernel, path):
     from triton.backends.nvidia import compiler as nv
 
     cuobjdump = os.path.join(os.path.dirname(nv.get_ptxas(90).path), "cuobjdump")
+    if not os.path.exists(cuobjdump):  # (scripts/slim_triton.sh removes it)
+        raise FileNotFoundError(f"--sass needs cuobjdump beside triton's ptxas; not found: {cuobjdump}")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
