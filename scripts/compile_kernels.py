@@ -198,7 +198,30 @@ def compile_gluon_bwd(head_dim, block_m, keys, num_stages, consumers, has_acp, a
                  v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, LF=F32, PQ=F32, DK=BF16,
                  DV=BF16, DCOL=F32, HI=I32 if has_acp else F32, sm_scale="fp32")
     return compile_gluon(gk.fox_bwd_dkdv_sm90_kernel, dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
-                         ("LF", "PQ", "DK", "DV", "DCOL", "HI", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
+                         ("LF", "PQ", "DK", "DV", "DCOL", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
+                         arch, consumers)
+
+
+def compile_gluon_fused(head_dim, block_m, keys, num_stages, consumers, has_acp, arch=90, slots=None):
+    """The one-kernel Gluon sm90 backward (``gluon_kernels.fox_bwd_fused_sm90_kernel``; dense): two consumer
+    warpgroups of ``keys`` keys each, ``slots`` staging slots each (default: the op's config)."""
+    from triton.experimental.gluon import language as gl
+
+    from forgetting_transformer.ops import gluon_kernels as gk
+    from forgetting_transformer.ops.forgetting_attention import _SM90_FUSED_CONFIGS
+
+    assert consumers == 2 and not has_acp
+    slots = slots or _SM90_FUSED_CONFIGS[head_dim][3]
+    vec = _vec(block_m)
+
+    def acc(cols):  # an fp32 reduce-add accumulator's descriptor, blocks [block_m, cols]
+        return f"tensordesc<fp32[{block_m},{cols}],{gl.NVMMASharedLayout.get_default_for([block_m, cols], gl.float32)!r}>"
+
+    types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(keys, head_dim),
+                 v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, dq_desc=acc(head_dim),
+                 rs_desc=acc(8), LF=F32, PQ=F32, DK=BF16, DV=BF16, DCOL=F32, sm_scale="fp32")
+    return compile_gluon(gk.fox_bwd_fused_sm90_kernel, dict(NUM_STAGES=num_stages, DQ_SLOTS=slots), types,
+                         ("LF", "PQ", "DK", "DV", "DCOL", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
                          arch, consumers)
 
 
@@ -213,7 +236,8 @@ def main():
         raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
     from forgetting_transformer.ops import triton_kernels as tk
 
-    from forgetting_transformer.ops.forgetting_attention import _SM90_BWD_CONFIGS, _SM90_CONFIGS, _SM90_DQ_CONFIGS
+    from forgetting_transformer.ops.forgetting_attention import (_SM90_BWD_CONFIGS, _SM90_CONFIGS, _SM90_DQ_CONFIGS,
+                                                                  _SM90_FUSED_CONFIGS)
 
     failed = 0
     for arch in args.arch:
@@ -222,15 +246,19 @@ def main():
         if arch >= 90:  # the Gluon kernels: Hopper only
             # configs: (rows per consumer warpgroup, BLOCK_N, stages, consumer warpgroups); dk/dv's: (BLOCK_M,
             # keys per consumer warpgroup, stages, consumer warpgroups)
+            fused = {D: cfg[:3] + (2,) for D, cfg in _SM90_FUSED_CONFIGS.items()}  # (two consumer warpgroups)
             for kind, configs, fn in (("fox_fwd_sm90_kernel", _SM90_CONFIGS, compile_gluon_fwd),
                                       ("fox_bwd_dq_sm90_kernel", _SM90_DQ_CONFIGS, compile_gluon_dq),
-                                      ("fox_bwd_dkdv_sm90_kernel", _SM90_BWD_CONFIGS, compile_gluon_bwd)):
-                # (--quick: the ACP variants at head dim 64 only, the named model sizes' head dim)
-                tile = "KEYS" if kind == "fox_bwd_dkdv_sm90_kernel" else "BLOCK_N"
+                                      ("fox_bwd_dkdv_sm90_kernel", _SM90_BWD_CONFIGS, compile_gluon_bwd),
+                                      ("fox_bwd_fused_sm90_kernel", fused, compile_gluon_fused)):
+                # (--quick: the ACP variants at head dim 64 only, the named model sizes' head dim; the one-kernel
+                # backward is dense only)
+                tile = "BLOCK_N" if kind in ("fox_fwd_sm90_kernel", "fox_bwd_dq_sm90_kernel") else "KEYS"
                 todo += [(kind, {"HEAD_DIM": D, "BLOCK_M": bm, tile: bn, "NUM_WG": wgs, "HAS_ACP": acp}, 4, st,
                           lambda D=D, bm=bm, bn=bn, st=st, wgs=wgs, acp=acp, fn=fn: fn(D, bm, bn, st, wgs, acp, arch))
                          for D, (bm, bn, st, wgs) in sorted(configs.items())
-                         for acp in ((False, True) if D == 64 or not args.quick else (False,))]
+                         for acp in ((False, True) if (D == 64 or not args.quick) and fn is not compile_gluon_fused
+                                     else (False,))]
         for name, consts, w, s, compile_fn in todo:
             if arch < 90 and consts.get("HEAD_DIM") == 80:
                 continue  # one head dim is enough to show the pre-Hopper path compiles

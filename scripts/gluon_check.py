@@ -1,6 +1,6 @@
 """The Gluon sm90 kernels against the Triton ones on a Hopper GPU: correctness and per-config timings.
 
-    python scripts/gluon_check.py [--no-check] [--only fwd|bwd|dq]
+    python scripts/gluon_check.py [--no-check] [--only fwd|bwd|dq|fused]
 
 Forward (``_fwd_launch_sm90``): for awkward shapes (T not a multiple of the tiles, GQA / MQA, Tq < Tk, Tq = 1),
 the relative L2 error of both forwards' o against the float64 reference and the largest log-sum-exp difference;
@@ -13,16 +13,22 @@ per warpgroup, stages, consumer warpgroups; ``_SM90_BWD_CONFIGS`` holds the pick
 dq backward (``_bwd_dq_sm90``): the dq kernel times of both at S1..S4 per (rows per warpgroup, BLOCK_N, stages,
 consumer warpgroups) and the relative difference of dq (``_SM90_DQ_CONFIGS`` holds the picks; 1.5x the forward's FLOPs); its
 correctness is ``tests/ops/test_kernel_gpu.py::test_gluon_dq``.
+One-kernel backward (``_bwd_fused_sm90``, head dim 64): the whole backward against the dq and dk/dv kernels per
+(BLOCK_M, keys per warpgroup, stages, staging slots) (``_SM90_FUSED_CONFIGS`` holds the pick; its correctness is
+``test_gluon_fused_bwd``).
 """
 import argparse
 import importlib
 import itertools
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 import triton
 
-from forgetting_transformer.ops.reference import forgetting_attention_ref
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from forgetting_transformer.ops.reference import forgetting_attention_ref  # noqa: E402
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 
@@ -145,10 +151,51 @@ def bench_dq(configs):
     bench_kernel("dq kernel", 1.5, configs, setup)  # 3 matmuls: 1.5x the forward's 2
 
 
+def bench_fused(configs, rounds=3):
+    """The one-kernel backward (``_bwd_fused_sm90`` per config, with its set-up: delta, the zeroed fp32
+    accumulators, dq's rounding, and d log f) against the dq and dk/dv kernels (``_bwd_launch`` with
+    ``FOX_FUSED_BWD=0``), the whole backward at head dim 64: S1, S2 and the 760M model's attention (B1 T16384 H24),
+    A and B alternating for ``rounds`` rounds (medians); TFLOP/s on 2.5x the forward's FLOPs; d: the largest
+    relative L2 difference of dq, dk, dv and d log f from the two kernels'."""
+    print(f"whole backward ms (median of {rounds} alternating rounds of do_bench), triton {triton.__version__}, "
+          f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    for name, (B, T, H, D) in {"S1": SHAPES["S1"], "S2": SHAPES["S2"], "760M": (1, 16384, 24, 64)}.items():
+        q, k, v, lf = inputs(B, T, T, H, H, D)
+        sm = D ** -0.5
+        o, lse = fa._fwd_launch(q, k, v, lf, None, sm)
+        do = torch.randn_like(q)
+        flops = 2.5 * 4 * B * H * T * T * D / 2
+
+        def two():
+            os.environ["FOX_FUSED_BWD"] = "0"
+            try:
+                return fa._bwd_launch(do, q, k, v, lf, o, lse, None, None, sm)
+            finally:
+                del os.environ["FOX_FUSED_BWD"]
+
+        def one(cfg):
+            dq, dk, dv, drow, dcol = fa._bwd_fused_sm90(do, q, k, v, lf, o, lse, sm, cfg)
+            return dq, dk, dv, fa._bwd_dlogf(drow, dcol)
+
+        ref = two()
+        d = {cfg: max(rel(a, b) for a, b in zip(one(cfg), ref)) for cfg in configs}
+        times = {cfg: [] for cfg in [None] + configs}
+        for _ in range(rounds):
+            for cfg in times:
+                fn = two if cfg is None else (lambda c=cfg: one(c))
+                times[cfg].append(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+        t_two = sorted(times[None])[rounds // 2]
+        row = [f"{name}: two kernels {t_two:.3f} ms ({flops / t_two * 1e-9:.0f} TF/s)"]
+        for cfg in configs:
+            t = sorted(times[cfg])[rounds // 2]
+            row.append(f"{cfg} {t:.3f} ({flops / t * 1e-9:.0f}, {t_two / t:.3f}x, d {d[cfg]:.0e})")
+        print(" | ".join(row), flush=True)
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--only", choices=("fwd", "bwd", "dq"))
+    ap.add_argument("--only", choices=("fwd", "bwd", "dq", "fused"))
     args = ap.parse_args()
     if args.only in (None, "dq"):
         bench_dq({64: [(64, 64, 4, 3), (64, 64, 3, 3), (64, 128, 2, 3), (64, 64, 3, 2), (64, 128, 2, 2)],
@@ -163,3 +210,5 @@ if __name__ == "__main__":
             check_bwd()
         bench_bwd({64: [(128, 64, 2, 2), (64, 64, 2, 2), (64, 64, 3, 2), (64, 64, 3, 3), (32, 64, 4, 3)],
                    128: [(64, 64, 2, 2), (64, 64, 3, 2)]})
+    if args.only in (None, "fused"):
+        bench_fused([(64, 64, 3, 1), (64, 64, 2, 1), (64, 64, 2, 2), (64, 64, 3, 2)])

@@ -352,8 +352,8 @@ def _desc(base, shape, strides, block):
 
 
 def _tma_desc(t, block):
-    """TMA descriptor over the (B*T, heads*D) view of a contiguous 16-bit (B, T, heads, D) tensor, blocks of
-    [block, D] (the Gluon kernels' Q / K / V / dO tiles). heads * D is a multiple of 8 at the Gluon head dims, so
+    """TMA descriptor over the (B*T, heads*D) view of a contiguous (B, T, heads, D) tensor, blocks of [block, D]
+    (the Gluon kernels' 16-bit Q / K / V / dO tiles; the one-kernel backward's fp32 accumulators). heads * D is a multiple of 8 at the Gluon head dims, so
     the row stride is 16-byte aligned."""
     B, T, heads, D = t.shape
     return _desc(t, [B * T, heads * D], [heads * D, 1], (block, D))
@@ -417,6 +417,18 @@ def _bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=
     return dq, drow, delta
 
 
+def _query_vec(t, rows=None, block=64):
+    """1-D TMA descriptor over a flat fp32 buffer, blocks of ``block`` (a query tile's rows; the dk/dv kernels'
+    PQ, LSE and delta): with ``rows``, the (B*H, Tq) ``t`` with its rows padded to ``rows`` entries; a buffer
+    shorter than a block padded with zeros (rows past Tq are masked)."""
+    if rows is not None and rows != t.shape[-1]:
+        t = torch.nn.functional.pad(t.reshape(-1, t.shape[-1]), (0, rows - t.shape[-1]))
+    t = t.reshape(-1)
+    if t.numel() < block:
+        t = torch.nn.functional.pad(t, (0, block - t.numel()))
+    return _tma_vec(t, block)
+
+
 def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_tables=None):
     """The dk/dv backward (dense, or with ACP's ``acp_tables``) by the warp-specialised Gluon kernel
     (``gluon_kernels``; Hopper only): the same (dk, dv, dcol) as ``_bwd_dkdv``."""
@@ -427,26 +439,77 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_t
     bm, keys, stages, wgs = config or _SM90_BWD_CONFIGS[D]
     q, k, v, do = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous()
     svr = _cdiv(Tq, 4) * 4  # a TMA copy starts at a 16-byte boundary: rows of LSE and delta padded to 4 floats
-
-    def vec(t, rows=True):  # 1-D TMA descriptor over a flat fp32 buffer, blocks of bm (a query tile's rows)
-        if rows and svr != Tq:
-            t = torch.nn.functional.pad(t.view(B * H, Tq), (0, svr - Tq))
-        t = t.reshape(-1)
-        if t.numel() < bm:  # a block no longer than the tensor (zeros; rows past Tq are masked)
-            t = torch.nn.functional.pad(t, (0, bm - t.numel()))
-        return _tma_vec(t, bm)
+    vec = functools.partial(_query_vec, rows=svr, block=bm)
 
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
     gk.fox_bwd_dkdv_sm90_kernel[(B * Hkv, _cdiv(Tk, wgs * keys))](
         _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys),
-        vec(pq, rows=False), vec(lse), vec(delta), lf, pq, dk, dv, dcol,
+        vec(pq, rows=None), vec(lse), vec(delta), lf, pq, dk, dv, dcol,
         dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
         lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
         *_acp_args(acp_tables, max(16, _next_pow2(D)))[1:], H, H // Hkv, Tq, Tk, sm_scale,
         NUM_STAGES=stages, NUM_WG=wgs, num_warps=4, maxnreg=_sm90_maxnreg(4 * wgs))
     return dk, dv, dcol
+
+
+# (BLOCK_M, keys per consumer warpgroup, NUM_STAGES, staging slots per consumer warpgroup) of the one-kernel Gluon
+# backward per head dim (two consumer warpgroups; docs/benchmarks.md, session 17); the op runs it at the head dims
+# listed unless deterministic algorithms are asked for. Not at 128: its tiles leave no room in shared memory for
+# the dS and staging buffers
+_SM90_FUSED_CONFIGS = {64: (64, 64, 3, 1)}
+
+
+def _use_fused_bwd(q, k, v, do, o):
+    """Whether a dense causal backward without documents or padding runs as one Gluon kernel (dk/dv with dq and
+    the row sums of dS by TMA reduce-adds; ``_bwd_fused_sm90``; with ACP's tables the dq and dk/dv kernels are
+    faster): where ``_use_sm90`` holds for
+    ``_SM90_FUSED_CONFIGS``, unless ``torch.use_deterministic_algorithms`` is on or ``FOX_FUSED_BWD`` is "0" (then
+    the dq and dk/dv kernels run, which are bitwise reproducible)."""
+    return (os.environ.get("FOX_FUSED_BWD", "1") != "0" and not torch.are_deterministic_algorithms_enabled()
+            and _use_sm90(q, k, v, _SM90_FUSED_CONFIGS, do, o))
+
+
+def _bwd_delta(o, do):
+    """delta = rowsum(o * dO), (B, H, Tq) fp32 (``_bwd_delta_kernel``; o and dO contiguous, same shape)."""
+    from . import triton_kernels as tk
+
+    B, Tq, H, D = o.shape
+    delta = torch.empty((B, H, Tq), device=o.device, dtype=torch.float32)
+    tk._bwd_delta_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, H, Tq, o.stride(0), o.stride(1), o.stride(2),
+                                                HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
+    return delta
+
+
+def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None):
+    """The dense causal backward as one warp-specialised Gluon kernel
+    (``gluon_kernels.fox_bwd_fused_sm90_kernel``; Hopper only): (dq, dk, dv, drow, dcol) as ``_bwd_dq`` and
+    ``_bwd_dkdv`` give them, dq the fp32 accumulator of the kernel's reduce-adds rounded once to q's dtype, drow
+    and dcol the sums of the 16-bit dS (not bitwise reproducible: the adds' order varies)."""
+    from . import gluon_kernels as gk
+
+    B, Tq, H, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    bm, keys, stages, slots = config or _SM90_FUSED_CONFIGS[D]
+    q, k, v, do, o = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous(), o.contiguous()
+    _, pq = _block_prefix(lf, Tq)
+    delta = _bwd_delta(o, do)
+    svr = _cdiv(Tq, 4) * 4  # a TMA copy starts at a 16-byte boundary: rows of LSE and delta padded to 4 floats
+    vec = functools.partial(_query_vec, rows=svr, block=bm)
+
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    # the accumulators of the kernel's reduce-adds (dq, the row sums x 8) and atomics (the column sums)
+    dcol = torch.zeros((B, Tk, H), device=q.device, dtype=torch.float32)
+    dq32 = torch.zeros((B, Tq, H, D), device=q.device, dtype=torch.float32)
+    rs8 = torch.zeros((B, Tq, H, 8), device=q.device, dtype=torch.float32)
+    gk.fox_bwd_fused_sm90_kernel[(B * Hkv, _cdiv(Tk, 2 * keys))](
+        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys), vec(pq, rows=None), vec(lse),
+        vec(delta), _tma_desc(dq32, bm), _tma_desc(rs8, bm), lf, pq, dk, dv, dcol,
+        lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
+        H, H // Hkv, Tq, Tk, sm_scale, NUM_STAGES=stages, DQ_SLOTS=slots, num_warps=4, maxnreg=_sm90_maxnreg(8))
+    return dq32.to(q.dtype), dk, dv, rs8[..., 0].contiguous(), dcol
 
 
 def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
@@ -455,6 +518,9 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
         return torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(lf)
     do = do.contiguous()
     o = o.contiguous()
+    if kstart is None and kend is None and acp_tables is None and _use_fused_bwd(q, k, v, do, o):
+        dq, dk, dv, drow, dcol = _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale)
+        return dq, dk, dv, _bwd_dlogf(drow, dcol)
     pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
     if kstart is None and _use_sm90(q, k, v, _SM90_DQ_CONFIGS, do, o):

@@ -23,13 +23,17 @@ log-sum-exp), in three partitions:
     head's lowest blocks lie wholly before the last warpgroups' first kept keys. It hands those stages on
     unread (``_pass_stage``); the skipped tiles were wholly masked, so the results are the same bit for bit.
     The dk/dv kernel does the same per warpgroup of keys under ACP.
-All three kernels run causal attention, dense or with ACP (the forward and dq kernels read ACP's LO table, the
-dk/dv kernel its HI table: the same pruned region as the Triton kernels); documents and left padding stay with
-the Triton kernels. ``forgetting_attention._use_sm90`` decides.
+At head dim 64 the dense backward runs as one kernel by default (``fox_bwd_fused_sm90_kernel``: the dk/dv kernel,
+which also forms dq by TMA reduce-adds; docs/kernel.md). The kernels run causal attention, dense or with ACP (the
+forward and dq kernels read ACP's LO table, the dk/dv kernel its HI table: the same pruned region as the Triton
+kernels); documents and left padding stay with the Triton kernels. ``forgetting_attention._use_sm90`` decides.
 """
+from triton._C.libtriton import ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -37,6 +41,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """TMA bulk reduce: global[box at ``coord``] += shared ``src`` (``cp.reduce.async.bulk.tensor`` .add). Gluon's
+    ``tma`` module has no wrapper for it on triton 3.6 or 3.7.1; the builder's op is there on both. Completion is
+    tracked like a TMA store's (``tma.store_wait``)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
 
 
 @gluon.jit
@@ -484,11 +497,14 @@ def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_buf
 
 @gluon.jit
 def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
-              do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
-              s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr, ACP: gl.constexpr):
+              do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale, ds_bufs, ds_full, ds_empty, WG,
+              s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr, ACP: gl.constexpr,
+              FUSED: gl.constexpr):
     """One query tile of ``triton_kernels._attn_bwd_dkdv_inner`` (keys on rows: S^T = K Q^T, so P^T and dS^T are
     the register A operands of the dv and dk products). ``MASK``: causal and rows past Tq, plus (``ACP``) the
-    rows at/after each key's ``khi``."""
+    rows at/after each key's ``khi``. ``FUSED`` (the one-kernel backward): dS^T, rounded once to 16 bits, is also
+    handed to the warpgroup that forms this tile's dq share and its row and column sums (``_ds_handoff``,
+    ``_dq_share``); ``colsum`` is not touched."""
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     KEYS: gl.constexpr = k_s.type.shape[0]
@@ -524,8 +540,13 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     dpT, _, _ = warpgroup_mma_wait(0, deps=(dpT, v_s, do_s))
     dv = warpgroup_mma(pT16, do_s, dv, is_async=True)
     dsT = pT * (dpT - gl.expand_dims(dl_bufs.index(st).load(vec_layout), 0))
-    colsum += gl.sum(dsT, 1)
-    dsT16 = gl.convert_layout(dsT.to(q_s.dtype), a_layout)
+    if FUSED:  # (the column sums too are formed from the 16-bit dS there, by wgmma: summed here, they cost 15%)
+        ds16 = dsT.to(q_s.dtype)
+        _ds_handoff(ds16, i, WG, ds_bufs, ds_full, ds_empty)
+        dsT16 = gl.convert_layout(ds16, a_layout)
+    else:
+        colsum += gl.sum(dsT, 1)
+        dsT16 = gl.convert_layout(dsT.to(q_s.dtype), a_layout)
     dk = warpgroup_mma(dsT16, q_s, dk, is_async=True)
     dv, dk, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, do_s, q_s))
     mbarrier.arrive(q_empty.index(st), count=1)
@@ -534,15 +555,96 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
 
 
 @gluon.jit
+def _ds_handoff(ds16, i, WG, ds_bufs, ds_full, ds_empty):
+    """The one-kernel backward: store this warpgroup's dS^T of tile i (its KEYS keys x the tile's queries) into
+    buffer i % 2 of ``ds_bufs`` (2 x NUM_WG tiles: buffer b's are rows of one (NUM_WG * KEYS, BLOCK_M) tile) once
+    tile i - 2's dq share has read it, and tell warpgroup i % 2, which forms tile i's share (``_dq_share``)."""
+    NUM_WG: gl.constexpr = 2
+    buf = i % 2
+    mbarrier.wait(ds_empty.index(buf), ((i // 2) & 1) ^ 1)  # fresh barriers count as a completed phase 1
+    ds_bufs.index(buf * NUM_WG + WG).store(ds16)
+    fence_async_shared()  # the generic proxy's stores, before the wgmma (async proxy) reads them
+    mbarrier.arrive(ds_full.index(buf), count=1)
+
+
+@gluon.jit
+def _dq_share(j, h, WG, ds_bufs, k_smem, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty, st_full, st_empty,
+              sm_scale, DCOL_b, n_blk, H, Tk):
+    """The one-kernel backward, warpgroup j % 2 (``WG``), after its tile j + 1: tile j's dq share of the program's
+    keys, dS K (times sm_scale), and the row sums of dS (dS times ones: ``ones_s``, 8 x (NUM_WG * KEYS); 8 equal
+    columns), both by wgmma from the dS tile both warpgroups stored (``_ds_handoff``), into this warpgroup's
+    staging slot for the writer warp's TMA reduce-adds (``_dq_write``); and the column sums of dS (each
+    warpgroup's dS^T times ones: ``ones_q``, 8 x BLOCK_M), added to DCOL (``DCOL_b``: batch element b's (Tk, H)
+    rows; h: the tile's head) by atomics. The row and column sums come from the same 16-bit dS, whose rounding
+    d log f, their difference, would otherwise see. A tile late, so the other warpgroup has a whole tile to store
+    its half."""
+    NUM_WG: gl.constexpr = 2
+    KEYS: gl.constexpr = ds_bufs.type.shape[1]
+    BLOCK_M: gl.constexpr = ds_bufs.type.shape[2]
+    HEAD_DIM: gl.constexpr = k_smem.type.shape[2]
+    d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    r_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+    buf = j % 2
+    u = j // 2
+    # the program's dS (BLOCK_M queries x NUM_WG * KEYS keys: MN-major) and K (NUM_WG * KEYS keys x D)
+    ds_all = ds_bufs._reinterpret(ds_bufs.dtype, [2, NUM_WG * KEYS, BLOCK_M], ds_bufs.type.layout).index(buf)
+    k_all = k_smem._reinterpret(k_smem.dtype, [NUM_WG * KEYS, HEAD_DIM], k_smem.type.layout)
+    mbarrier.wait(ds_full.index(buf), u & 1)
+    ds_t = ds_all.permute((1, 0))
+    dq = warpgroup_mma(ds_t, k_all, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, d_layout), use_acc=False,
+                       is_async=True)
+    # (the ones as a K-major operand: an 8 x (NUM_WG * KEYS) tile, transposed; as an N-major [keys, 8] tile without
+    # swizzle, the wgmma read garbage)
+    ones_t = ones_s.permute((1, 0))
+    rs = warpgroup_mma(ds_t, ones_t, gl.zeros([BLOCK_M, 8], gl.float32, r_layout), use_acc=False, is_async=True)
+    ds0 = ds_bufs.index(buf * NUM_WG)
+    ds1 = ds_bufs.index(buf * NUM_WG + 1)
+    ones_qt = ones_q.permute((1, 0))
+    c0 = warpgroup_mma(ds0, ones_qt, gl.zeros([KEYS, 8], gl.float32, r_layout), use_acc=False, is_async=True)
+    c1 = warpgroup_mma(ds1, ones_qt, gl.zeros([KEYS, 8], gl.float32, r_layout), use_acc=False, is_async=True)
+    dq, rs, c0, c1, _, _, _, _, _, _ = warpgroup_mma_wait(0, deps=(dq, rs, c0, c1, ds_t, k_all, ones_t, ds0, ds1,
+                                                                   ones_qt))
+    mbarrier.arrive(ds_empty.index(buf), count=1)
+    # column sums: column 0 of c0 / c1, one atomic per key (the order of a key's adds varies: not bitwise
+    # reproducible, as dq)
+    ck = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, r_layout)), 0)
+    key = n_blk + gl.expand_dims(gl.arange(0, KEYS, layout=gl.SliceLayout(1, r_layout)), 1)
+    gl.atomic_add(DCOL_b + key * H + h + ck * 0, c0, mask=(ck == 0) & (key < Tk), sem="relaxed")
+    gl.atomic_add(DCOL_b + (key + KEYS) * H + h + ck * 0, c1, mask=(ck == 0) & (key + KEYS < Tk), sem="relaxed")
+    SLOTS: gl.constexpr = dq_stage.type.shape[0] // NUM_WG
+    slot = WG * SLOTS + u % SLOTS
+    mbarrier.wait(st_empty.index(slot), ((u // SLOTS) & 1) ^ 1)
+    dq_stage.index(slot).store(dq * sm_scale)
+    rs_stage.index(slot).store(rs)
+    fence_async_shared()
+    mbarrier.arrive(st_full.index(slot), count=1)
+
+
+@gluon.jit
+def _dq_prev(i, h_prev, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty, st_full,
+             st_empty, sm_scale, DCOL_b, n_blk, H, Tk, FUSED: gl.constexpr):
+    """``FUSED``: after tile i (or, with i the tile count, after the last), tile i - 1's dq share (of head
+    ``h_prev``) if it is this warpgroup's (``_dq_share``)."""
+    if FUSED:
+        if (i > 0) & ((i - 1) % 2 == WG):
+            _dq_share(i - 1, h_prev, WG, ds_bufs, k_smem, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty,
+                      st_full, st_empty, sm_scale, DCOL_b, n_blk, H, Tk)
+
+
+@gluon.jit
 def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready, do_ready, q_empty,
                  do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM,
-                 ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
+                 ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, ds_full,
+                 ds_empty, st_full, st_empty, NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr, FUSED: gl.constexpr):
     """One consumer warpgroup: keys WG*KEYS .. of the program's NUM_WG*KEYS-key block (``k_s`` / ``v_s``: this
     warpgroup's rows), the loop of ``triton_kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head: the
     causal diagonal tiles, the clean ones, then those with rows past Tq or (ACP) rows that some of the keys do
     not reach. Under ACP key j reaches rows below ``(HI[j // ACP_GN] + 1) * ACP_GM`` (the region the LO table
     leaves to the forward: LO grows with the query block); the last tile is the program's (all warpgroups
-    consume one ring of stages)."""
+    consume one ring of stages). ``FUSED`` (the one-kernel backward, dense, two warpgroups): also each tile's dq
+    share and the row sums of dS (``_ds_handoff``, ``_dq_share``; the other arguments after ``WG`` are its
+    buffers and barriers, unused otherwise)."""
     num_warps: gl.constexpr = 4
     KEYS: gl.constexpr = k_s.type.shape[0]
     HEAD_DIM: gl.constexpr = k_s.type.shape[1]
@@ -561,6 +663,7 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     n_blk = gl.program_id(1) * NUM_WG * KEYS
     mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, NUM_WG * KEYS)  # the program's
     off = Tk - Tq
+    DCOL_b = DCOL + b.to(gl.int64) * Tk * H
     n0 = n_blk + WG * KEYS
     pos_k = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
     offs_ks = n0 + gl.arange(0, KEYS, layout=scan_layout)
@@ -573,7 +676,16 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
 
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
+    if FUSED:
+        gl.static_assert(NUM_WG == 2 and not HAS_ACP)
+        ones_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
+        ones_s = ones_s.index(WG)
+        ones_s.store(gl.full([8, NUM_WG * KEYS], 1.0, ones_s.dtype, ones_layout))
+        ones_q = ones_q.index(WG)
+        ones_q.store(gl.full([8, BLOCK_M], 1.0, ones_q.dtype, ones_layout))
+        fence_async_shared()
     mbarrier.wait(kv_bar, 0)
+    h_prev = hk * GROUP  # (FUSED) the previous tile's head
     for gi in range(GROUP):  # GQA: the query heads sharing this kv head
         h = hk * GROUP + gi
         bh = b * H + h
@@ -611,31 +723,56 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
             wm = gl.maximum(gl.minimum(w_mid, we), wf)
             wc = gl.maximum(gl.minimum(gl.minimum(w_clean, we), gl.min(khi, 0) // BLOCK_M), wm)
         i0 = base - mb_first
-        if HAS_ACP:
-            for mb in range(mb_first, wf):  # wholly before this warpgroup's first key: only the decay's sum moves
-                acc_c += gl.load(PQ_base + mb * BLOCK_M + BLOCK_M - 1)  # the tile's sum of log f, as _bwd_tile adds
-                _pass_stage(i0 + mb, q_ready, q_empty, do_ready, do_empty)
-        for mb in range(wf, wm):
-            dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
-                                              q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
-                                              s_layout, a_layout, True, HAS_ACP)
-        for mb in range(wm, wc):
-            dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
-                                              q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
-                                              s_layout, a_layout, False, False)
-        for mb in range(wc, we):
-            dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
-                                              q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
-                                              q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
-                                              s_layout, a_layout, True, HAS_ACP)
-        if HAS_ACP:
-            for mb in range(we, mb_end_h):  # wholly after the last row its keys reach
-                _pass_stage(i0 + mb, q_ready, q_empty, do_ready, do_empty)
+        if FUSED:  # one loop over the program's tiles, so the dq share's code is inlined once (with a copy in
+            # each of the three loops below, the kernel spilled 2.6x as much)
+            for mb in range(wf, we):
+                if (mb < wm) | (mb >= wc):
+                    dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s,
+                                                      v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
+                                                      do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m,
+                                                      qk_scale, ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout,
+                                                      True, HAS_ACP, True)
+                else:
+                    dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s,
+                                                      v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
+                                                      do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m,
+                                                      qk_scale, ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout,
+                                                      False, False, True)
+                _dq_prev(i0 + mb, h_prev, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty,
+                         st_full, st_empty, sm_scale, DCOL_b, n_blk, H, Tk, FUSED)
+                h_prev = h
+        else:
+            if HAS_ACP:
+                for mb in range(mb_first, wf):  # wholly before this warpgroup's first key: only the decay's sum moves
+                    acc_c += gl.load(PQ_base + mb * BLOCK_M + BLOCK_M - 1)  # the tile's sum of log f, as _bwd_tile adds
+                    _pass_stage(i0 + mb, q_ready, q_empty, do_ready, do_empty)
+            for mb in range(wf, wm):
+                dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
+                                                  q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
+                                                  q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                                  ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout, True, HAS_ACP,
+                                                  False)
+            for mb in range(wm, wc):
+                dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
+                                                  q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
+                                                  q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                                  ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout, False, False,
+                                                  False)
+            for mb in range(wc, we):
+                dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
+                                                  q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
+                                                  q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
+                                                  ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout, True, HAS_ACP,
+                                                  False)
+            if HAS_ACP:
+                for mb in range(we, mb_end_h):  # wholly after the last row its keys reach
+                    _pass_stage(i0 + mb, q_ready, q_empty, do_ready, do_empty)
         base += mb_end_h - mb_first
-        # DCOL is (B, Tk, H) contiguous
-        gl.store(DCOL + (b.to(gl.int64) * Tk + pos_k) * H + h, colsum, mask=pos_k < Tk)
+        if not FUSED:  # (the one-kernel backward adds its column sums in ``_dq_share``)
+            # DCOL is (B, Tk, H) contiguous
+            gl.store(DCOL + (b.to(gl.int64) * Tk + pos_k) * H + h, colsum, mask=pos_k < Tk)
+    _dq_prev(base, h_prev, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty, st_full,
+             st_empty, sm_scale, DCOL_b, n_blk, H, Tk, FUSED)  # the last tile's share
 
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [num_warps, 1],
                                                 [1, 0])
@@ -657,8 +794,8 @@ def _bwd_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc,
                     sm_scale, WG):
     _bwd_compute(k_smem.index(WG), v_smem.index(WG), q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready,
                  do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr,
-                 ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, k_smem.type.shape[0],
-                 HI.dtype.element_ty == gl.int32)
+                 ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, k_smem, q_bufs, q_bufs, q_bufs, q_bufs, q_bufs,
+                 q_ready, q_ready, q_ready, q_ready, k_smem.type.shape[0], HI.dtype.element_ty == gl.int32, False)
 
 
 @gluon.jit
@@ -680,9 +817,10 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
     and a one-warp loader. q_desc / do_desc: TMA descriptors over the (B*Tq, H*D) views of contiguous q and do,
     blocks [BLOCK_M, D]; k_desc / v_desc: over (B*Tk, Hkv*D), blocks [KEYS, D]; cq_desc / lse_desc / dl_desc:
     1-D, blocks [BLOCK_M], over the flat PQ (``_block_prefix_kernel``), the forward's LSE and the dq kernel's delta
-    (both (B*H, svr): rows padded to a multiple of 4, since a TMA copy must start at a 16-byte boundary). Writes dk (times sm_scale), dv and DCOL
-    (B, Tk, H), the column sums of dS. ACP when HI is an int32 pointer: ACP's table (B*H, ACP_NK) on its
-    (ACP_GM x ACP_GN) grid, the last query block that sees each key block (dense: any fp32 pointer)."""
+    (both (B*H, svr): rows padded to a multiple of 4, since a TMA copy must start at a 16-byte boundary). Writes
+    dk (times sm_scale), dv and DCOL (B, Tk, H), the column sums of dS. ACP when HI is an int32 pointer: ACP's
+    table (B*H, ACP_NK) on its (ACP_GM x ACP_GN) grid, the last query block that sees each key block (dense: any
+    fp32 pointer)."""
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     cq_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
@@ -712,6 +850,123 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
     else:
         gl.warp_specialize([(_bwd_compute_wg, args + (gl.to_tensor(0),)), (_bwd_compute_wg, args + (gl.to_tensor(1),)),
                             (_bwd_load_all, args)], [4, 1], [240, 24])
+
+
+# The one-kernel backward's partitions (one signature: the kernel's arguments; two consumer warpgroups, dense).
+@gluon.jit
+def _fused_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs,
+                      cq_bufs, lse_bufs, dl_bufs, k_smem, v_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, kv_bar,
+                      q_ready, do_ready, q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL,
+                      slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk,
+                      sm_scale, WG):
+    _bwd_compute(k_smem.index(WG), v_smem.index(WG), q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready,
+                 do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr,
+                 svr, 1, 1, 1, H, GROUP, Tq, Tk, sm_scale, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage,
+                 ds_full, ds_empty, st_full, st_empty, 2, False, True)
+
+
+@gluon.jit
+def _fused_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
+                lse_bufs, dl_bufs, k_smem, v_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, kv_bar, q_ready,
+                do_ready, q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, slb, slt,
+                slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
+    _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
+              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, DCOL, H, GROUP, Tq, Tk, spp, spr,
+              svr, 1, 1, 1, False)
+
+
+@gluon.jit
+def _dq_write(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
+              lse_bufs, dl_bufs, k_smem, v_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, kv_bar, q_ready, do_ready,
+              q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, slb, slt, slh, sdkb,
+              sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
+    """Writer partition (one warp): for each tile in the consumers' order (the loader's schedule), once its dq
+    share is staged (``_dq_share``: tile i by warpgroup i % 2, in that warpgroup's slot (i // 2) % SLOTS), add it
+    and its row sums to the fp32 accumulators by TMA reduce-adds and free the slot when the reduces have read
+    it."""
+    BLOCK_M: gl.constexpr = dq_stage.type.shape[1]
+    HEAD_DIM: gl.constexpr = dq_stage.type.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[0] * k_smem.type.shape[1]
+    SLOTS: gl.constexpr = dq_stage.type.shape[0] // 2
+    HKV = H // GROUP
+    b = gl.program_id(0) // HKV
+    hk = gl.program_id(0) % HKV
+    n_blk = gl.program_id(1) * BLOCK_N
+    mb_first, _, _, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, BLOCK_N)
+    i = mb_first * 0
+    for gi in range(GROUP):
+        h = hk * GROUP + gi
+        for mb in range(mb_first, mb_end):
+            u = i // 2
+            slot = (i % 2) * SLOTS + u % SLOTS
+            mbarrier.wait(st_full.index(slot), (u // SLOTS) & 1)
+            _tma_reduce_add(dq_desc, [b * Tq + mb * BLOCK_M, h * HEAD_DIM], dq_stage.index(slot))
+            _tma_reduce_add(rs_desc, [b * Tq + mb * BLOCK_M, h * 8], rs_stage.index(slot))
+            tma.store_wait(0)  # both reduces have read the slot
+            mbarrier.arrive(st_empty.index(slot), count=1)
+            i += 1
+
+
+@gluon.jit
+def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, LF, PQ, DK,
+                              DV, DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H,
+                              GROUP, Tq, Tk, sm_scale, NUM_STAGES: gl.constexpr, DQ_SLOTS: gl.constexpr):
+    """The one-kernel backward: ``fox_bwd_dkdv_sm90_kernel`` with two consumer warpgroups of KEYS keys (240
+    registers each) and its loader, which also forms dq and the row and column sums of dS, plus a writer warp. Per
+    query tile both warpgroups store their dS^T (16-bit) to shared memory (``_ds_handoff``); one of them
+    (alternating) forms the tile's dq share dS K (times sm_scale) and the row and column sums by wgmma over both
+    warpgroups' keys, a tile later (``_dq_share``), adds the column sums to DCOL by atomics and stages the rest
+    in fp32 (DQ_SLOTS slots per warpgroup); the writer adds those to fp32 accumulators by TMA reduce-adds
+    (``_dq_write``). dq_desc: over the (B*Tq, H*D) view of a zeroed fp32 (B, Tq, H, D) accumulator, blocks
+    [BLOCK_M, D]; rs_desc: over (B*Tq, H*8) of a zeroed fp32 (B, Tq, H, 8), blocks [BLOCK_M, 8] (8 equal
+    columns: the row sums); DCOL (B, Tk, H) zeroed. The adds' order varies from run to run, so dq and the row and
+    column sums are not bitwise reproducible. Dense only (with ACP's tables the dq and dk/dv kernels are faster:
+    docs/benchmarks.md, session 17); the other arguments as in the dk/dv kernel (delta from ``_bwd_delta``)."""
+    NUM_WG: gl.constexpr = 2
+    KEYS: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
+    cq_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
+    lse_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
+    dl_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_WG] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_WG] + v_desc.block_type.shape, v_desc.layout)
+    ds_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_WG, KEYS, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], q_desc.dtype))
+    ones_s = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 8, NUM_WG * KEYS],
+                                       gl.NVMMASharedLayout.get_default_for([8, NUM_WG * KEYS], q_desc.dtype))
+    ones_q = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, 8, BLOCK_M],
+                                       gl.NVMMASharedLayout.get_default_for([8, BLOCK_M], q_desc.dtype))
+    dq_stage = gl.allocate_shared_memory(gl.float32, [DQ_SLOTS * NUM_WG] + dq_desc.block_type.shape, dq_desc.layout)
+    rs_stage = gl.allocate_shared_memory(gl.float32, [DQ_SLOTS * NUM_WG] + rs_desc.block_type.shape, rs_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    do_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    st_full = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS * NUM_WG, 1], mbarrier.MBarrierLayout())
+    st_empty = gl.allocate_shared_memory(gl.int64, [DQ_SLOTS * NUM_WG, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for s in gl.static_range(NUM_STAGES):
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(do_ready.index(s), count=1)
+        mbarrier.init(q_empty.index(s), count=NUM_WG)
+        mbarrier.init(do_empty.index(s), count=NUM_WG)
+    for s in gl.static_range(2):
+        mbarrier.init(ds_full.index(s), count=NUM_WG)  # both warpgroups' halves stored
+        mbarrier.init(ds_empty.index(s), count=1)  # the share's wgmma has read them
+    for s in gl.static_range(DQ_SLOTS * NUM_WG):
+        mbarrier.init(st_full.index(s), count=1)
+        mbarrier.init(st_empty.index(s), count=1)
+    args = (q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
+            lse_bufs, dl_bufs, k_smem, v_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, kv_bar, q_ready, do_ready,
+            q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, slb, slt, slh, sdkb,
+            sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale)
+    gl.warp_specialize([(_fused_compute_wg, args + (gl.to_tensor(0),)), (_fused_compute_wg, args + (gl.to_tensor(1),)),
+                        (_fused_load, args), (_dq_write, args)], [4, 1, 1], [240, 24, 24])
 
 
 # --------------------------------------------------------------------------------------------------------------

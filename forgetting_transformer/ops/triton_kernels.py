@@ -501,6 +501,23 @@ def _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _bwd_delta_kernel(O, DO, DELTA, H, Tq, sob, sot, soh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                      ROWS: tl.constexpr):
+    """delta = rowsum(o * dO) in fp32 for the one-kernel Gluon backward (the dq kernels form it otherwise). O and DO
+    share contiguous (B, Tq, H, D) strides; DELTA (B*H, Tq). Grid (B*H, cdiv(Tq, ROWS))."""
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    ok = (rows < Tq)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    offs = b.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None] * sot + offs_d[None, :]
+    o = tl.load(O + offs, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + pid.to(tl.int64) * Tq + rows, tl.sum(o * do, 1), mask=rows < Tq)
+
+
+@triton.jit
 def _dlogf_sums_kernel(DROW, DCOL, S, H, Tq, Tk, NCH, CHUNK: tl.constexpr):
     """Grid (B*H, NCH): S[b*h, c] = the float64 sum of dc over chunk c (``_dlogf_chunk``), the carries of
     ``_dlogf_kernel``."""

@@ -488,8 +488,9 @@ def test_kernels_compile_for_sm90(tmp_path):
     r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs", "--sass", str(tmp_path / "sass")],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # 9 Triton kernels + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP
-    assert r.stdout.count(" ok (") == 18, r.stdout
+    # 9 Triton kernels + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP, and the
+    # one-kernel backward at 64 (dense)
+    assert r.stdout.count(" ok (") == 19, r.stdout
 
     def consts(line, *keys):
         return (int(re.search(rf"'{key}': (\d+)", line).group(1)) for key in keys)
@@ -506,6 +507,12 @@ def test_kernels_compile_for_sm90(tmp_path):
         d, bm, keys, wgs = consts(line, "HEAD_DIM", "BLOCK_M", "KEYS", "NUM_WG")
         stages = int(re.search(r"stages (\d+)", line).group(1))
         assert shared >= 2 * wgs * keys * d * 2 + stages * 2 * bm * d * 2, line
+    for line in (ln for ln in r.stdout.splitlines() if "fox_bwd_fused_sm90_kernel" in ln):
+        # the dk/dv kernel's tiles plus two buffers of both warpgroups' dS^T and a staging slot each for dq (fp32)
+        shared = int(re.search(r"ok \((\d+) bytes shared", line).group(1))
+        d, bm, keys, wgs = consts(line, "HEAD_DIM", "BLOCK_M", "KEYS", "NUM_WG")
+        stages = int(re.search(r"stages (\d+)", line).group(1))
+        assert shared >= 2 * wgs * keys * d * 2 + stages * 2 * bm * d * 2 + 2 * wgs * keys * bm * 2 + wgs * bm * d * 4
     for line in (ln for ln in r.stdout.splitlines() if "fox_bwd_dq_sm90_kernel" in ln):
         # every consumer warpgroup's Q and dO rows plus the K and V stages, within sm90's limit
         shared = int(re.search(r"ok \((\d+) bytes shared", line).group(1))
