@@ -143,7 +143,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     register_configs()
     _pin_sdpa(a.sdpa)
-    dist = init_distributed(SimpleNamespace(name=a.strategy, device="cuda"))
+    dist = init_distributed(SimpleNamespace(name=a.strategy, device="cuda", deterministic=False))
     rows = [bench(m, s, a, dist) for s in a.sizes for m in a.models]
     if dist.is_main:
         head = (f"{torch.cuda.get_device_name()} x {dist.world_size}, torch {torch.__version__}, "

@@ -353,8 +353,8 @@ def _desc(base, shape, strides, block):
 
 def _tma_desc(t, block):
     """TMA descriptor over the (B*T, heads*D) view of a contiguous (B, T, heads, D) tensor, blocks of [block, D]
-    (the Gluon kernels' 16-bit Q / K / V / dO tiles; the one-kernel backward's fp32 accumulators). heads * D is a multiple of 8 at the Gluon head dims, so
-    the row stride is 16-byte aligned."""
+    (the Gluon kernels' 16-bit Q / K / V / dO tiles; the one-kernel backward's fp32 accumulators). heads * D is a
+    multiple of 8 at the Gluon head dims, so the row stride is 16-byte aligned."""
     B, T, heads, D = t.shape
     return _desc(t, [B * T, heads * D], [heads * D, 1], (block, D))
 
@@ -464,9 +464,8 @@ _SM90_FUSED_CONFIGS = {64: (64, 64, 3, 1)}
 def _use_fused_bwd(q, k, v, do, o):
     """Whether a dense causal backward without documents or padding runs as one Gluon kernel (dk/dv with dq and
     the row sums of dS by TMA reduce-adds; ``_bwd_fused_sm90``; with ACP's tables the dq and dk/dv kernels are
-    faster): where ``_use_sm90`` holds for
-    ``_SM90_FUSED_CONFIGS``, unless ``torch.use_deterministic_algorithms`` is on or ``FOX_FUSED_BWD`` is "0" (then
-    the dq and dk/dv kernels run, which are bitwise reproducible)."""
+    faster): where ``_use_sm90`` holds for ``_SM90_FUSED_CONFIGS``, unless ``torch.use_deterministic_algorithms``
+    is on or ``FOX_FUSED_BWD`` is "0" (then the dq and dk/dv kernels run, which are bitwise reproducible)."""
     return (os.environ.get("FOX_FUSED_BWD", "1") != "0" and not torch.are_deterministic_algorithms_enabled()
             and _use_sm90(q, k, v, _SM90_FUSED_CONFIGS, do, o))
 

@@ -24,7 +24,9 @@ class DistInfo:
 def init_distributed(strategy_cfg) -> DistInfo:
     """Read torchrun's environment, pick the device and (for several ranks) start the process group.
 
-    ``strategy.device=auto`` means this rank's GPU when CUDA is available, else the CPU (gloo backend)."""
+    ``strategy.device=auto`` means this rank's GPU when CUDA is available, else the CPU (gloo backend).
+    ``strategy.deterministic``: ``torch.use_deterministic_algorithms(True, warn_only=True)`` for the process, with
+    cuBLAS's fixed workspace (set before the first matmul creates its handle)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     if strategy_cfg.name == "single" and world_size > 1:
@@ -35,6 +37,9 @@ def init_distributed(strategy_cfg) -> DistInfo:
         kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("strategy.device=cuda but no CUDA device is available")
+    if strategy_cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for repeatable matmuls
+        torch.use_deterministic_algorithms(True, warn_only=True)
     device = torch.device("cuda", local_rank) if kind == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -181,6 +181,17 @@ def test_dlogf_scan(Tq, Tk):
     assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+@pytest.mark.parametrize("Tq,D", [(1, 64), (67, 24), (300, 64)])
+def test_bwd_delta(Tq, D):
+    """delta = rowsum(o * dO) of the one-kernel backward (``_bwd_delta_kernel``), (B, H, Tq), against float64
+    torch: partial row blocks, a head dim padded to a power of two; every element written (NaN-poisoned)."""
+    g = torch.Generator().manual_seed(Tq)
+    o, do = (torch.randn(2, Tq, 3, D, generator=g) for _ in range(2))
+    want = (o.double() * do.double()).sum(-1).permute(0, 2, 1)
+    got = fa._bwd_delta(o, do)
+    assert got.shape == (2, 3, Tq) and (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
 def test_default_dispatch_cpu_is_reference():
     q, k, v, lf = make(1, 10, 10, 2, 2, 16)
     assert torch.equal(forgetting_attention(q, k, v, lf), forgetting_attention_ref(q, k, v, lf))

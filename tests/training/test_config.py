@@ -1,5 +1,6 @@
 """Config composition and validation: Hydra rejects unknown/mistyped keys, validate() names bad values."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,26 @@ def test_paper_presets_compose(name):
     assert cfg.strategy.name == "fsdp" and cfg.data.vocab_size == cfg.model.vocab_size == 50257
     model, size = name.split("/")[1].split("_")[:-2], name.split("_")[-2]
     assert cfg.model.name == "_".join(model) and cfg.model.d_model == {"125m": 768, "360m": 1024, "760m": 1536}[size]
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])
+def test_deterministic_strategy_turns_on_torch_determinism(monkeypatch, strategy):
+    """``strategy.deterministic=true`` (every strategy) makes init_distributed turn on
+    ``torch.use_deterministic_algorithms`` (which the FoX attention reads per call to pick its bitwise-reproducible
+    backward) and cuBLAS's fixed workspace; the default leaves both alone."""
+    import torch
+
+    from forgetting_transformer.training.distributed import init_distributed
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    prev = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    try:
+        init_distributed(load(f"strategy={strategy}", "strategy.device=cpu").strategy)
+        assert not torch.are_deterministic_algorithms_enabled()
+        cfg = load(f"strategy={strategy}", "strategy.device=cpu", "strategy.deterministic=true")
+        validate(cfg)
+        init_distributed(cfg.strategy)
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
