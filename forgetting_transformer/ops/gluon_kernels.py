@@ -540,7 +540,7 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     dpT, _, _ = warpgroup_mma_wait(0, deps=(dpT, v_s, do_s))
     dv = warpgroup_mma(pT16, do_s, dv, is_async=True)
     dsT = pT * (dpT - gl.expand_dims(dl_bufs.index(st).load(vec_layout), 0))
-    if FUSED:  # (the column sums too are formed from the 16-bit dS there, by wgmma: summed here, they cost 15%)
+    if FUSED:  # (the column sums too are formed from the 16-bit dS there, by wgmma: summed here, they cost 17%)
         ds16 = dsT.to(q_s.dtype)
         _ds_handoff(ds16, i, WG, ds_bufs, ds_full, ds_empty)
         dsT16 = gl.convert_layout(ds16, a_layout)
@@ -643,8 +643,8 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     not reach. Under ACP key j reaches rows below ``(HI[j // ACP_GN] + 1) * ACP_GM`` (the region the LO table
     leaves to the forward: LO grows with the query block); the last tile is the program's (all warpgroups
     consume one ring of stages). ``FUSED`` (the one-kernel backward, dense, two warpgroups): also each tile's dq
-    share and the row sums of dS (``_ds_handoff``, ``_dq_share``; the other arguments after ``WG`` are its
-    buffers and barriers, unused otherwise)."""
+    share and the row and column sums of dS (``_ds_handoff``, ``_dq_share``; the other arguments after ``WG``
+    are its buffers and barriers, unused otherwise)."""
     num_warps: gl.constexpr = 4
     KEYS: gl.constexpr = k_s.type.shape[0]
     HEAD_DIM: gl.constexpr = k_s.type.shape[1]
