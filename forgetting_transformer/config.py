@@ -99,9 +99,9 @@ class StrategyConfig:
     activation_checkpointing: str = "none"  # none | full (every block) | selective (every ac_every-th block)
     ac_every: int = 2
     compile: bool = False  # torch.compile each block
-    # true: torch.use_deterministic_algorithms for the run (warn_only: an op without a deterministic kernel warns),
-    # so GPU steps repeat bit for bit: the FoX attention backward runs its two deterministic kernels instead of
-    # the one-kernel backward (docs/kernel.md), cuBLAS a fixed workspace; some speed for it
+    # true: torch.use_deterministic_algorithms for the run, so that GPU steps repeat bit for bit (warn_only: an op
+    # without a deterministic kernel warns instead): the FoX attention backward runs its two deterministic kernels
+    # instead of the one-kernel backward (docs/kernel.md), cuBLAS a fixed workspace; some speed for it
     deterministic: bool = False
     # fsdp only: false keeps each block's gathered parameters from its forward to its backward (one all-gather
     # per block per step instead of two, for the memory of the unsharded bf16 parameters)
