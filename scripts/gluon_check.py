@@ -22,6 +22,7 @@ import importlib
 import itertools
 import os
 import sys
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -167,11 +168,8 @@ def bench_fused(configs, rounds=3):
         flops = 2.5 * 4 * B * H * T * T * D / 2
 
         def two():
-            os.environ["FOX_FUSED_BWD"] = "0"
-            try:
+            with mock.patch.dict(os.environ, {"FOX_FUSED_BWD": "0"}):  # (restores the caller's setting)
                 return fa._bwd_launch(do, q, k, v, lf, o, lse, None, None, sm)
-            finally:
-                del os.environ["FOX_FUSED_BWD"]
 
         def one(cfg):
             dq, dk, dv, drow, dcol = fa._bwd_fused_sm90(do, q, k, v, lf, o, lse, sm, cfg)

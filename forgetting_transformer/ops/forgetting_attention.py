@@ -456,8 +456,8 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_t
 
 # (BLOCK_M, keys per consumer warpgroup, NUM_STAGES, staging slots per consumer warpgroup) of the one-kernel Gluon
 # backward per head dim (two consumer warpgroups; docs/benchmarks.md, session 17); the op runs it at the head dims
-# listed unless deterministic algorithms are asked for. Not at 128: its tiles leave no room in shared memory for
-# the dS and staging buffers
+# listed unless deterministic algorithms are asked for. Not at 128: with the dS and staging buffers two stages need
+# 258 KB of shared memory (sm90 allows 227), one stage fits but spills 1.9 KB (compile_kernels.compile_gluon_fused)
 _SM90_FUSED_CONFIGS = {64: (64, 64, 3, 1)}
 
 
