@@ -234,19 +234,22 @@ def _cdiv(a, b):
     return (a + b - 1) // b
 
 
-def _block_prefix(lf, Tq, query_side=True):
+def _block_prefix(lf, Tq, query_side=True, key_side=True):
     """(PK, PQ), each (4, B*H, TPAD) fp32: the prefix sums of log f within aligned blocks of 16 / 32 / 64 / 128
-    over key positions and (``query_side``; else PQ is None) over query rows, which the kernels' inner loops
-    read instead of forming a ``tl.cumsum`` per tile (one launch; ``_block_prefix_kernel``)."""
+    over key positions (``key_side``; else PK is None) and over query rows (``query_side``; else PQ is None),
+    which the kernels' inner loops read instead of forming a ``tl.cumsum`` per tile (one launch;
+    ``_block_prefix_kernel``)."""
+    assert query_side or key_side
     B, Tk, H = lf.shape
     tpad = _cdiv(max(Tk, 1), 128) * 128
-    pk = torch.empty((4, B * H, tpad), device=lf.device, dtype=torch.float32)
-    pq = torch.empty_like(pk) if query_side else None
+    pk = torch.empty((4, B * H, tpad), device=lf.device, dtype=torch.float32) if key_side else None
+    pq = torch.empty((4, B * H, tpad), device=lf.device, dtype=torch.float32) if query_side else None
+    p = pk if key_side else pq
     from . import triton_kernels as tk
 
-    tk._block_prefix_kernel[(B * H, tpad // 128)](lf, pk, pk if pq is None else pq, H, Tk, Tk - Tq, *pk.stride()[:2],
+    tk._block_prefix_kernel[(B * H, tpad // 128)](lf, p, pq if query_side else p, H, Tk, Tk - Tq, *p.stride()[:2],
                                                    lf.stride(0), lf.stride(1), lf.stride(2), CHUNK=128,
-                                                   QUERY_SIDE=query_side)
+                                                   QUERY_SIDE=query_side, KEY_SIDE=key_side)
     return pk, pq
 
 
@@ -470,15 +473,19 @@ def _use_fused_bwd(q, k, v, do, o):
             and _use_sm90(q, k, v, _SM90_FUSED_CONFIGS, do, o))
 
 
-def _bwd_delta(o, do):
-    """delta = rowsum(o * dO), (B, H, Tq) fp32 (``_bwd_delta_kernel``; o and dO contiguous, same shape)."""
+def _bwd_fused_setup(o, do):
+    """The one-kernel backward's set-up in one launch (``_bwd_delta_kernel``; o and dO contiguous, same shape
+    (B, Tq, H, D)): delta = rowsum(o * dO), (B, H, Tq) fp32, and the zeroed fp32 accumulators of its reduce-adds,
+    for dq (B, Tq, H, D) and for the row sums of dS (B, Tq, H, 8)."""
     from . import triton_kernels as tk
 
     B, Tq, H, D = o.shape
     delta = torch.empty((B, H, Tq), device=o.device, dtype=torch.float32)
-    tk._bwd_delta_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, H, Tq, o.stride(0), o.stride(1), o.stride(2),
-                                                HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
-    return delta
+    dq32 = torch.empty((B, Tq, H, D), device=o.device, dtype=torch.float32)
+    rs8 = torch.empty((B, Tq, H, 8), device=o.device, dtype=torch.float32)
+    tk._bwd_delta_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, dq32, rs8, H, Tq, o.stride(0), o.stride(1),
+                                                o.stride(2), HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
+    return delta, dq32, rs8
 
 
 def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None):
@@ -492,23 +499,20 @@ def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None):
     Tk, Hkv = k.shape[1], k.shape[2]
     bm, keys, stages, slots = config or _SM90_FUSED_CONFIGS[D]
     q, k, v, do, o = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous(), o.contiguous()
-    _, pq = _block_prefix(lf, Tq)
-    delta = _bwd_delta(o, do)
+    _, pq = _block_prefix(lf, Tq, key_side=False)
+    delta, dq32, rs8 = _bwd_fused_setup(o, do)
     svr = _cdiv(Tq, 4) * 4  # a TMA copy starts at a 16-byte boundary: rows of LSE and delta padded to 4 floats
     vec = functools.partial(_query_vec, rows=svr, block=bm)
 
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    # the accumulators of the kernel's reduce-adds (dq, the row sums x 8) and atomics (the column sums)
-    dcol = torch.zeros((B, Tk, H), device=q.device, dtype=torch.float32)
-    dq32 = torch.zeros((B, Tq, H, D), device=q.device, dtype=torch.float32)
-    rs8 = torch.zeros((B, Tq, H, 8), device=q.device, dtype=torch.float32)
+    dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
     gk.fox_bwd_fused_sm90_kernel[(B * Hkv, _cdiv(Tk, 2 * keys))](
         _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys), vec(pq, rows=None), vec(lse),
         vec(delta), _tma_desc(dq32, bm), _tma_desc(rs8, bm), lf, pq, dk, dv, dcol,
         lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
         H, H // Hkv, Tq, Tk, sm_scale, NUM_STAGES=stages, DQ_SLOTS=slots, num_warps=4, maxnreg=_sm90_maxnreg(8))
-    return dq32.to(q.dtype), dk, dv, rs8[..., 0].contiguous(), dcol
+    return dq32.to(q.dtype), dk, dv, rs8[..., 0], dcol  # (drow: a strided view, which _bwd_dlogf reads)
 
 
 def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
@@ -536,17 +540,20 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
 def _bwd_dlogf(drow, dcol):
     """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc, in two
     launches over chunks of positions (``_dlogf_sums_kernel``: the chunks' float64 sums; ``_dlogf_kernel``: each
-    chunk's local cumsum plus the sum of the chunks after it)."""
+    chunk's local cumsum plus the sum of the chunks after it). dcol (B, Tk, H) contiguous; drow (B, Tq, H) with
+    strides (Tq*H*s, H*s, s): contiguous, or a column of the one-kernel backward's (B, Tq, H, 8) row sums."""
     B, Tq, H = drow.shape
     Tk = dcol.shape[1]
+    sr = drow.stride(2)
+    assert dcol.is_contiguous() and drow.stride()[:2] == (Tq * H * sr, H * sr), (drow.stride(), dcol.stride())
     chunk = 64 if _interpreting() else 1024
     nch = _cdiv(max(Tk, 1), chunk)
     sums = torch.empty((B * H, nch), device=dcol.device, dtype=torch.float64)
     dlf = torch.empty_like(dcol)
     from . import triton_kernels as tk
 
-    tk._dlogf_sums_kernel[(B * H, nch)](drow, dcol, sums, H, Tq, Tk, nch, CHUNK=chunk)
-    tk._dlogf_kernel[(B * H, nch)](drow, dcol, sums, dlf, H, Tq, Tk, nch, CHUNK=chunk,
+    tk._dlogf_sums_kernel[(B * H, nch)](drow, dcol, sums, H, Tq, Tk, nch, sr, CHUNK=chunk)
+    tk._dlogf_kernel[(B * H, nch)](drow, dcol, sums, dlf, H, Tq, Tk, nch, sr, CHUNK=chunk,
                                    VEC=16 if _interpreting() else 128)
     return dlf
 

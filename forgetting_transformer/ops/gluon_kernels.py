@@ -498,13 +498,15 @@ def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_buf
 @gluon.jit
 def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
               do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale, ds_bufs, ds_full, ds_empty, WG,
-              s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr, ACP: gl.constexpr,
+              ones_q, s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr, ACP: gl.constexpr,
               FUSED: gl.constexpr):
     """One query tile of ``triton_kernels._attn_bwd_dkdv_inner`` (keys on rows: S^T = K Q^T, so P^T and dS^T are
     the register A operands of the dv and dk products). ``MASK``: causal and rows past Tq, plus (``ACP``) the
     rows at/after each key's ``khi``. ``FUSED`` (the one-kernel backward): dS^T, rounded once to 16 bits, is also
-    handed to the warpgroup that forms this tile's dq share and its row and column sums (``_ds_handoff``,
-    ``_dq_share``); ``colsum`` is not touched."""
+    handed to the warpgroup that forms this tile's dq share and row sums (``_ds_handoff``, ``_dq_share``), and
+    ``colsum`` is a (KEYS, 8) wgmma accumulator of its column sums: the 16-bit dS^T in registers (the dk
+    product's A operand) times ``ones_q`` (8 x BLOCK_M), queued behind dk (summed in registers instead, from the
+    rounded dS converted back to fp32, they cost 17%: docs/benchmarks.md, session 17)."""
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     KEYS: gl.constexpr = k_s.type.shape[0]
@@ -540,7 +542,7 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     dpT, _, _ = warpgroup_mma_wait(0, deps=(dpT, v_s, do_s))
     dv = warpgroup_mma(pT16, do_s, dv, is_async=True)
     dsT = pT * (dpT - gl.expand_dims(dl_bufs.index(st).load(vec_layout), 0))
-    if FUSED:  # (the column sums too are formed from the 16-bit dS there, by wgmma: summed here, they cost 17%)
+    if FUSED:
         ds16 = dsT.to(q_s.dtype)
         _ds_handoff(ds16, i, WG, ds_bufs, ds_full, ds_empty)
         dsT16 = gl.convert_layout(ds16, a_layout)
@@ -548,7 +550,11 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
         colsum += gl.sum(dsT, 1)
         dsT16 = gl.convert_layout(dsT.to(q_s.dtype), a_layout)
     dk = warpgroup_mma(dsT16, q_s, dk, is_async=True)
-    dv, dk, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, do_s, q_s))
+    if FUSED:  # colsum (KEYS, 8) += dS^T ones
+        colsum = warpgroup_mma(dsT16, ones_q.permute((1, 0)), colsum, is_async=True)
+        dv, dk, colsum, _, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, colsum, do_s, q_s, ones_q))
+    else:
+        dv, dk, _, _ = warpgroup_mma_wait(0, deps=(dv, dk, do_s, q_s))
     mbarrier.arrive(q_empty.index(st), count=1)
     mbarrier.arrive(do_empty.index(st), count=1)
     return dk, dv, colsum, acc_c + tot
@@ -568,16 +574,13 @@ def _ds_handoff(ds16, i, WG, ds_bufs, ds_full, ds_empty):
 
 
 @gluon.jit
-def _dq_share(j, h, WG, ds_bufs, k_smem, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty, st_full, st_empty,
-              sm_scale, DCOL_b, n_blk, H, Tk):
+def _dq_share(j, WG, ds_bufs, k_smem, ones_s, dq_stage, rs_stage, ds_full, ds_empty, st_full, st_empty, sm_scale):
     """The one-kernel backward, warpgroup j % 2 (``WG``), after its tile j + 1: tile j's dq share of the program's
     keys, dS K (times sm_scale), and the row sums of dS (dS times ones: ``ones_s``, 8 x (NUM_WG * KEYS); 8 equal
     columns), both by wgmma from the dS tile both warpgroups stored (``_ds_handoff``), into this warpgroup's
-    staging slot for the writer warp's TMA reduce-adds (``_dq_write``); and the column sums of dS (each
-    warpgroup's dS^T times ones: ``ones_q``, 8 x BLOCK_M), added to DCOL (``DCOL_b``: batch element b's (Tk, H)
-    rows; h: the tile's head) by atomics. The row and column sums come from the same 16-bit dS, whose rounding
-    d log f, their difference, would otherwise see. A tile late, so the other warpgroup has a whole tile to store
-    its half."""
+    staging slot for the writer warp's TMA reduce-adds (``_dq_write``). The row sums come from the same 16-bit dS
+    as the column sums (``_bwd_tile``), whose rounding d log f, their difference, would otherwise see. A tile
+    late, so the other warpgroup has a whole tile to store its half."""
     NUM_WG: gl.constexpr = 2
     KEYS: gl.constexpr = ds_bufs.type.shape[1]
     BLOCK_M: gl.constexpr = ds_bufs.type.shape[2]
@@ -598,20 +601,8 @@ def _dq_share(j, h, WG, ds_bufs, k_smem, ones_s, ones_q, dq_stage, rs_stage, ds_
     # swizzle, the wgmma read garbage)
     ones_t = ones_s.permute((1, 0))
     rs = warpgroup_mma(ds_t, ones_t, gl.zeros([BLOCK_M, 8], gl.float32, r_layout), use_acc=False, is_async=True)
-    ds0 = ds_bufs.index(buf * NUM_WG)
-    ds1 = ds_bufs.index(buf * NUM_WG + 1)
-    ones_qt = ones_q.permute((1, 0))
-    c0 = warpgroup_mma(ds0, ones_qt, gl.zeros([KEYS, 8], gl.float32, r_layout), use_acc=False, is_async=True)
-    c1 = warpgroup_mma(ds1, ones_qt, gl.zeros([KEYS, 8], gl.float32, r_layout), use_acc=False, is_async=True)
-    dq, rs, c0, c1, _, _, _, _, _, _ = warpgroup_mma_wait(0, deps=(dq, rs, c0, c1, ds_t, k_all, ones_t, ds0, ds1,
-                                                                   ones_qt))
+    dq, rs, _, _, _ = warpgroup_mma_wait(0, deps=(dq, rs, ds_t, k_all, ones_t))
     mbarrier.arrive(ds_empty.index(buf), count=1)
-    # column sums: column 0 of c0 / c1, one atomic per key (the order of a key's adds varies: not bitwise
-    # reproducible, as dq)
-    ck = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, r_layout)), 0)
-    key = n_blk + gl.expand_dims(gl.arange(0, KEYS, layout=gl.SliceLayout(1, r_layout)), 1)
-    gl.atomic_add(DCOL_b + key * H + h + ck * 0, c0, mask=(ck == 0) & (key < Tk), sem="relaxed")
-    gl.atomic_add(DCOL_b + (key + KEYS) * H + h + ck * 0, c1, mask=(ck == 0) & (key + KEYS < Tk), sem="relaxed")
     SLOTS: gl.constexpr = dq_stage.type.shape[0] // NUM_WG
     slot = WG * SLOTS + u % SLOTS
     mbarrier.wait(st_empty.index(slot), ((u // SLOTS) & 1) ^ 1)
@@ -622,14 +613,14 @@ def _dq_share(j, h, WG, ds_bufs, k_smem, ones_s, ones_q, dq_stage, rs_stage, ds_
 
 
 @gluon.jit
-def _dq_prev(i, h_prev, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty, st_full,
-             st_empty, sm_scale, DCOL_b, n_blk, H, Tk, FUSED: gl.constexpr):
-    """``FUSED``: after tile i (or, with i the tile count, after the last), tile i - 1's dq share (of head
-    ``h_prev``) if it is this warpgroup's (``_dq_share``)."""
+def _dq_prev(i, WG, k_smem, ds_bufs, ones_s, dq_stage, rs_stage, ds_full, ds_empty, st_full, st_empty, sm_scale,
+             FUSED: gl.constexpr):
+    """``FUSED``: after tile i (or, with i the tile count, after the last), tile i - 1's dq share if it is this
+    warpgroup's (``_dq_share``)."""
     if FUSED:
         if (i > 0) & ((i - 1) % 2 == WG):
-            _dq_share(i - 1, h_prev, WG, ds_bufs, k_smem, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty,
-                      st_full, st_empty, sm_scale, DCOL_b, n_blk, H, Tk)
+            _dq_share(i - 1, WG, ds_bufs, k_smem, ones_s, dq_stage, rs_stage, ds_full, ds_empty, st_full, st_empty,
+                      sm_scale)
 
 
 @gluon.jit
@@ -643,8 +634,8 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     not reach. Under ACP key j reaches rows below ``(HI[j // ACP_GN] + 1) * ACP_GM`` (the region the LO table
     leaves to the forward: LO grows with the query block); the last tile is the program's (all warpgroups
     consume one ring of stages). ``FUSED`` (the one-kernel backward, dense, two warpgroups): also each tile's dq
-    share and the row and column sums of dS (``_ds_handoff``, ``_dq_share``; the other arguments after ``WG``
-    are its buffers and barriers, unused otherwise)."""
+    share and the row sums of dS (``_ds_handoff``, ``_dq_share``), and the column sums by wgmma (``_bwd_tile``;
+    the other arguments after ``WG`` are its buffers and barriers, unused otherwise)."""
     num_warps: gl.constexpr = 4
     KEYS: gl.constexpr = k_s.type.shape[0]
     HEAD_DIM: gl.constexpr = k_s.type.shape[1]
@@ -656,6 +647,8 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     d_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=d_layout, k_width=2)
+    r_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, 8, 16])
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     HKV = H // GROUP
     b = gl.program_id(0) // HKV
@@ -663,7 +656,6 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     n_blk = gl.program_id(1) * NUM_WG * KEYS
     mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, NUM_WG * KEYS)  # the program's
     off = Tk - Tq
-    DCOL_b = DCOL + b.to(gl.int64) * Tk * H
     n0 = n_blk + WG * KEYS
     pos_k = n0 + gl.arange(0, KEYS, layout=gl.SliceLayout(1, s_layout))
     offs_ks = n0 + gl.arange(0, KEYS, layout=scan_layout)
@@ -685,7 +677,6 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
         ones_q.store(gl.full([8, BLOCK_M], 1.0, ones_q.dtype, ones_layout))
         fence_async_shared()
     mbarrier.wait(kv_bar, 0)
-    h_prev = hk * GROUP  # (FUSED) the previous tile's head
     for gi in range(GROUP):  # GQA: the query heads sharing this kv head
         h = hk * GROUP + gi
         bh = b * H + h
@@ -700,7 +691,10 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
         if m0f < n0:
             acc_c = -acc_c
         PQ_base = PQ + PLANE * spp.to(gl.int64) + bh.to(gl.int64) * spr
-        colsum = gl.zeros([KEYS], gl.float32, gl.SliceLayout(1, s_layout))
+        if FUSED:  # (KEYS, 8) wgmma accumulator: 8 equal columns, the column sums of the 16-bit dS
+            colsum = gl.zeros([KEYS, 8], gl.float32, r_layout)
+        else:
+            colsum = gl.zeros([KEYS], gl.float32, gl.SliceLayout(1, s_layout))
         khi = gl.zeros([KEYS], gl.int32, gl.SliceLayout(1, s_layout))
         mb_end_h = _bwd_acp_end(HI, bh, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M,
                                 NUM_WG * KEYS, HAS_ACP)
@@ -730,17 +724,16 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
                     dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s,
                                                       v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
                                                       do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m,
-                                                      qk_scale, ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout,
-                                                      True, HAS_ACP, True)
+                                                      qk_scale, ds_bufs, ds_full, ds_empty, WG, ones_q, s_layout,
+                                                      a_layout, True, HAS_ACP, True)
                 else:
                     dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s,
                                                       v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
                                                       do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m,
-                                                      qk_scale, ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout,
-                                                      False, False, True)
-                _dq_prev(i0 + mb, h_prev, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty,
-                         st_full, st_empty, sm_scale, DCOL_b, n_blk, H, Tk, FUSED)
-                h_prev = h
+                                                      qk_scale, ds_bufs, ds_full, ds_empty, WG, ones_q, s_layout,
+                                                      a_layout, False, False, True)
+                _dq_prev(i0 + mb, WG, k_smem, ds_bufs, ones_s, dq_stage, rs_stage, ds_full, ds_empty, st_full,
+                         st_empty, sm_scale, FUSED)
         else:
             if HAS_ACP:
                 for mb in range(mb_first, wf):  # wholly before this warpgroup's first key: only the decay's sum moves
@@ -750,29 +743,32 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
                 dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                                   q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
                                                   q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
-                                                  ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout, True, HAS_ACP,
-                                                  False)
+                                                  ds_bufs, ds_full, ds_empty, WG, ones_q, s_layout, a_layout,
+                                                  True, HAS_ACP, False)
             for mb in range(wm, wc):
                 dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                                   q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
                                                   q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
-                                                  ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout, False, False,
-                                                  False)
+                                                  ds_bufs, ds_full, ds_empty, WG, ones_q, s_layout, a_layout,
+                                                  False, False, False)
             for mb in range(wc, we):
                 dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s, v_s,
                                                   q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready, do_ready,
                                                   q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale,
-                                                  ds_bufs, ds_full, ds_empty, WG, s_layout, a_layout, True, HAS_ACP,
-                                                  False)
+                                                  ds_bufs, ds_full, ds_empty, WG, ones_q, s_layout, a_layout,
+                                                  True, HAS_ACP, False)
             if HAS_ACP:
                 for mb in range(we, mb_end_h):  # wholly after the last row its keys reach
                     _pass_stage(i0 + mb, q_ready, q_empty, do_ready, do_empty)
         base += mb_end_h - mb_first
-        if not FUSED:  # (the one-kernel backward adds its column sums in ``_dq_share``)
-            # DCOL is (B, Tk, H) contiguous
+        if FUSED:  # column 0 of the accumulator; DCOL is (B, Tk, H) contiguous
+            ck = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, r_layout)), 0)
+            key = n0 + gl.expand_dims(gl.arange(0, KEYS, layout=gl.SliceLayout(1, r_layout)), 1)
+            gl.store(DCOL + (b.to(gl.int64) * Tk + key) * H + h + ck * 0, colsum, mask=(ck == 0) & (key < Tk))
+        else:  # DCOL is (B, Tk, H) contiguous
             gl.store(DCOL + (b.to(gl.int64) * Tk + pos_k) * H + h, colsum, mask=pos_k < Tk)
-    _dq_prev(base, h_prev, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, ds_full, ds_empty, st_full,
-             st_empty, sm_scale, DCOL_b, n_blk, H, Tk, FUSED)  # the last tile's share
+    _dq_prev(base, WG, k_smem, ds_bufs, ones_s, dq_stage, rs_stage, ds_full, ds_empty, st_full, st_empty, sm_scale,
+             FUSED)  # the last tile's share
 
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // HEAD_DIM, HEAD_DIM // 8], [num_warps, 1],
                                                 [1, 0])
@@ -914,14 +910,15 @@ def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc
     """The one-kernel backward: ``fox_bwd_dkdv_sm90_kernel`` with two consumer warpgroups of KEYS keys (240
     registers each) and its loader, which also forms dq and the row and column sums of dS, plus a writer warp. Per
     query tile both warpgroups store their dS^T (16-bit) to shared memory (``_ds_handoff``); one of them
-    (alternating) forms the tile's dq share dS K (times sm_scale) and the row and column sums by wgmma over both
-    warpgroups' keys, a tile later (``_dq_share``), adds the column sums to DCOL by atomics and stages the rest
-    in fp32 (DQ_SLOTS slots per warpgroup); the writer adds those to fp32 accumulators by TMA reduce-adds
-    (``_dq_write``). dq_desc: over the (B*Tq, H*D) view of a zeroed fp32 (B, Tq, H, D) accumulator, blocks
-    [BLOCK_M, D]; rs_desc: over (B*Tq, H*8) of a zeroed fp32 (B, Tq, H, 8), blocks [BLOCK_M, 8] (8 equal
-    columns: the row sums); DCOL (B, Tk, H) zeroed. The adds' order varies from run to run, so dq and the row and
-    column sums are not bitwise reproducible. Dense only (with ACP's tables the dq and dk/dv kernels are faster:
-    docs/benchmarks.md, session 17); the other arguments as in the dk/dv kernel (delta from ``_bwd_delta``)."""
+    (alternating) forms the tile's dq share dS K (times sm_scale) and the row sums by wgmma over both warpgroups'
+    keys, a tile later (``_dq_share``), and stages them in fp32 (DQ_SLOTS slots per warpgroup); the writer adds
+    those to fp32 accumulators by TMA reduce-adds (``_dq_write``). Each warpgroup sums its keys' columns of dS
+    by wgmma over the head's tiles and writes them to DCOL (B, Tk, H) (``_bwd_tile``). dq_desc: over the
+    (B*Tq, H*D) view of a zeroed fp32 (B, Tq, H, D) accumulator, blocks [BLOCK_M, D]; rs_desc: over (B*Tq, H*8)
+    of a zeroed fp32 (B, Tq, H, 8), blocks [BLOCK_M, 8] (8 equal columns: the row sums). The adds' order varies
+    from run to run, so dq and the row sums are not bitwise reproducible. Dense only (with ACP's tables the dq and dk/dv kernels are faster:
+    docs/benchmarks.md, session 17); the other arguments as in the dk/dv kernel (delta from
+    ``_bwd_fused_setup``)."""
     NUM_WG: gl.constexpr = 2
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]

@@ -45,18 +45,20 @@ def _block_prefixes(x, P, row, spp, CHUNK: tl.constexpr):
 
 @triton.jit
 def _block_prefix_kernel(LF, PK, PQ, H, Tk, off, spp, spr, slb, slt, slh, CHUNK: tl.constexpr,
-                         QUERY_SIDE: tl.constexpr):
+                         QUERY_SIDE: tl.constexpr, KEY_SIDE: tl.constexpr):
     """Program (b*h, c) of the grid (B*H, TPAD / CHUNK), CHUNK = 128: for the positions of chunk c, the inclusive
-    prefix sums of log f within aligned blocks of 16, 32, 64 and 128, over key positions (PK[s, b*h, t]) and,
-    with QUERY_SIDE, over query rows (PQ[s, b*h, r], position off + r). Positions past Tk count as log f = 0
-    (so a block's last entry is its total). ``spp`` / ``spr``: the plane / row strides of PK and PQ."""
+    prefix sums of log f within aligned blocks of 16, 32, 64 and 128, with KEY_SIDE over key positions
+    (PK[s, b*h, t]) and with QUERY_SIDE over query rows (PQ[s, b*h, r], position off + r). Positions past Tk
+    count as log f = 0 (so a block's last entry is its total). ``spp`` / ``spr``: the plane / row strides of PK
+    and PQ."""
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
     base = LF + b.to(tl.int64) * slb + h.to(tl.int64) * slh
     i = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     row = pid.to(tl.int64) * spr + i
-    _block_prefixes(tl.load(base + i * slt, mask=i < Tk, other=0.0), PK, row, spp, CHUNK)
+    if KEY_SIDE:
+        _block_prefixes(tl.load(base + i * slt, mask=i < Tk, other=0.0), PK, row, spp, CHUNK)
     if QUERY_SIDE:
         _block_prefixes(tl.load(base + (off + i) * slt, mask=off + i < Tk, other=0.0), PQ, row, spp, CHUNK)
 
@@ -490,21 +492,25 @@ def _attn_bwd_dkdv_kernel(
 
 
 @triton.jit
-def _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, CHUNK: tl.constexpr):
+def _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, sr, CHUNK: tl.constexpr):
     """dc_t = drow_t - dcol_t over chunk c of (b, h), positions Tk-1-c*CHUNK downwards (0 outside [0, Tk); drow
-    at query t - (Tk - Tq)), and the positions. DROW (B, Tq, H), DCOL (B, Tk, H), contiguous."""
+    at query t - (Tk - Tq)), and the positions. DCOL (B, Tk, H) contiguous; DROW (B, Tq, H) with strides
+    (Tq*H*sr, H*sr, sr) (sr = 8: column 0 of the one-kernel backward's (B, Tq, H, 8) row sums)."""
     t = Tk - 1 - c * CHUNK - tl.arange(0, CHUNK)
     ok = t >= 0
     dc = -tl.load(DCOL + (b.to(tl.int64) * Tk + t) * H + h, mask=ok, other=0.0)
-    dc += tl.load(DROW + (b.to(tl.int64) * Tq + (t - (Tk - Tq))) * H + h, mask=ok & (t >= Tk - Tq), other=0.0)
+    dc += tl.load(DROW + ((b.to(tl.int64) * Tq + (t - (Tk - Tq))) * H + h) * sr, mask=ok & (t >= Tk - Tq),
+                  other=0.0)
     return dc, t, ok
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, H, Tq, sob, sot, soh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+def _bwd_delta_kernel(O, DO, DELTA, DQ32, RS8, H, Tq, sob, sot, soh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                       ROWS: tl.constexpr):
-    """delta = rowsum(o * dO) in fp32 for the one-kernel Gluon backward (the dq kernels form it otherwise). O and DO
-    share contiguous (B, Tq, H, D) strides; DELTA (B*H, Tq). Grid (B*H, cdiv(Tq, ROWS))."""
+    """The one-kernel Gluon backward's set-up in one launch: delta = rowsum(o * dO) in fp32 (the dq kernels form it
+    otherwise), and the zeroed accumulators of its reduce-adds, DQ32 (B, Tq, H, HEAD_DIM) and RS8 (B, Tq, H, 8),
+    contiguous. O and DO share contiguous (B, Tq, H, HEAD_DIM) strides; DELTA (B*H, Tq). Grid
+    (B*H, cdiv(Tq, ROWS))."""
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
@@ -515,20 +521,25 @@ def _bwd_delta_kernel(O, DO, DELTA, H, Tq, sob, sot, soh, HEAD_DIM: tl.constexpr
     o = tl.load(O + offs, mask=ok, other=0.0).to(tl.float32)
     do = tl.load(DO + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(DELTA + pid.to(tl.int64) * Tq + rows, tl.sum(o * do, 1), mask=rows < Tq)
+    row_q = (b.to(tl.int64) * Tq + rows) * H + h  # (b, row, h) of the (B, Tq, H, .) accumulators
+    tl.store(DQ32 + row_q[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([ROWS, BLOCK_D], tl.float32), mask=ok)
+    offs_8 = tl.arange(0, 8)
+    tl.store(RS8 + row_q[:, None] * 8 + offs_8[None, :], tl.zeros([ROWS, 8], tl.float32),
+             mask=(rows < Tq)[:, None])
 
 
 @triton.jit
-def _dlogf_sums_kernel(DROW, DCOL, S, H, Tq, Tk, NCH, CHUNK: tl.constexpr):
+def _dlogf_sums_kernel(DROW, DCOL, S, H, Tq, Tk, NCH, sr, CHUNK: tl.constexpr):
     """Grid (B*H, NCH): S[b*h, c] = the float64 sum of dc over chunk c (``_dlogf_chunk``), the carries of
     ``_dlogf_kernel``."""
     pid = tl.program_id(0)
     c = tl.program_id(1)
-    dc, _, _ = _dlogf_chunk(DROW, DCOL, pid // H, pid % H, c, H, Tq, Tk, CHUNK)
+    dc, _, _ = _dlogf_chunk(DROW, DCOL, pid // H, pid % H, c, H, Tq, Tk, sr, CHUNK)
     tl.store(S + pid.to(tl.int64) * NCH + c, tl.sum(dc.to(tl.float64), 0))
 
 
 @triton.jit
-def _dlogf_kernel(DROW, DCOL, S, DLF, H, Tq, Tk, NCH, CHUNK: tl.constexpr, VEC: tl.constexpr):
+def _dlogf_kernel(DROW, DCOL, S, DLF, H, Tq, Tk, NCH, sr, CHUNK: tl.constexpr, VEC: tl.constexpr):
     """Grid (B*H, NCH): d log f_t = sum_{i >= t} (drow_i - dcol_i) over chunk c: the chunk-local fp32 reverse
     ``tl.cumsum`` plus a float64 carry, the sum of the later chunks' S (``_dlogf_sums_kernel``), so no value is
     differenced from a long fp32 sum and the chunks run in parallel (a serial carry over the chunks, one
@@ -541,7 +552,7 @@ def _dlogf_kernel(DROW, DCOL, S, DLF, H, Tq, Tk, NCH, CHUNK: tl.constexpr, VEC: 
         carry += tl.sum(tl.load(S + pid.to(tl.int64) * NCH + j0 + v, mask=j0 + v < c, other=0.0), 0)
     b = pid // H
     h = pid % H
-    dc, t, ok = _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, CHUNK)
+    dc, t, ok = _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, sr, CHUNK)
     out = tl.cumsum(dc, 0).to(tl.float64) + carry
     tl.store(DLF + (b.to(tl.int64) * Tk + t) * H + h, out.to(tl.float32), mask=ok)
 

@@ -158,6 +158,8 @@ def test_block_prefix_sums(Tq, Tk):
     """The block-local log f prefix sums the inner loops read: key side aligned at 0, query side at Tk - Tq."""
     lf = F.logsigmoid(torch.randn(2, Tk, 3, generator=torch.Generator().manual_seed(Tk)))
     pk, pq = fa._block_prefix(lf, Tq)
+    none, pq_only = fa._block_prefix(lf, Tq, key_side=False)  # the one-kernel backward's: no key side
+    assert none is None and torch.equal(pq_only, pq)
     tpad = pk.shape[2]
     x = lf.permute(0, 2, 1).reshape(6, Tk).double()
     xk = F.pad(x, (0, tpad - Tk))
@@ -168,12 +170,18 @@ def test_block_prefix_sums(Tq, Tk):
             assert (got[plane].double() - want).abs().max() <= 1e-5 * want.abs().max(), (plane, size)
 
 
-@pytest.mark.parametrize("Tq,Tk", [(300, 300), (37, 230), (1, 64), (200, 1000)])
-def test_dlogf_scan(Tq, Tk):
+@pytest.mark.parametrize("Tq,Tk,strided", [(300, 300, False), (37, 230, False), (1, 64, False), (200, 1000, False),
+                                           (300, 300, True), (37, 230, True)])
+def test_dlogf_scan(Tq, Tk, strided):
     """d log f = the reverse cumsum of drow - dcol (drow at the last Tq positions), in chunks of 64 under the
-    interpreter that run in parallel with float64 carries, against float64 torch; every element written."""
+    interpreter that run in parallel with float64 carries, against float64 torch; every element written.
+    ``strided``: drow is column 0 of (B, Tq, H, 8) row sums, as the one-kernel backward leaves it."""
     g = torch.Generator().manual_seed(Tk)
     drow, dcol = torch.randn(2, Tq, 3, generator=g), torch.randn(2, Tk, 3, generator=g)
+    if strided:
+        rs8 = torch.randn(2, Tq, 3, 8, generator=g) * 1e3  # (the other columns must not be read)
+        rs8[..., 0] = drow
+        drow = rs8[..., 0]
     dc = -dcol.double()
     dc[:, Tk - Tq:] += drow.double()
     want = dc.flip(1).cumsum(1).flip(1)
@@ -182,14 +190,19 @@ def test_dlogf_scan(Tq, Tk):
 
 
 @pytest.mark.parametrize("Tq,D", [(1, 64), (67, 24), (300, 64)])
-def test_bwd_delta(Tq, D):
-    """delta = rowsum(o * dO) of the one-kernel backward (``_bwd_delta_kernel``), (B, H, Tq), against float64
-    torch: partial row blocks, a head dim padded to a power of two; every element written (NaN-poisoned)."""
+def test_bwd_fused_setup(Tq, D):
+    """The one-kernel backward's set-up launch (``_bwd_delta_kernel``): delta = rowsum(o * dO), (B, H, Tq), against
+    float64 torch (partial row blocks, a head dim padded to a power of two), and the zeroed fp32 accumulators of
+    its reduce-adds, dq (B, Tq, H, D) and the row sums (B, Tq, H, 8); every element written (the buffers start
+    NaN-poisoned)."""
     g = torch.Generator().manual_seed(Tq)
     o, do = (torch.randn(2, Tq, 3, D, generator=g) for _ in range(2))
     want = (o.double() * do.double()).sum(-1).permute(0, 2, 1)
-    got = fa._bwd_delta(o, do)
-    assert got.shape == (2, 3, Tq) and (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    delta, dq32, rs8 = fa._bwd_fused_setup(o, do)
+    assert delta.shape == (2, 3, Tq) and (delta.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    for name, t, shape in (("dq32", dq32, (2, Tq, 3, D)), ("rs8", rs8, (2, Tq, 3, 8))):
+        assert t.shape == shape and t.dtype == torch.float32 and t.is_contiguous(), name
+        assert torch.equal(t, torch.zeros_like(t)), name
 
 
 def test_default_dispatch_cpu_is_reference():
@@ -499,9 +512,10 @@ def test_kernels_compile_for_sm90(tmp_path):
     r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs", "--sass", str(tmp_path / "sass")],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # 9 Triton kernels + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP, and the
-    # one-kernel backward at 64 (dense)
-    assert r.stdout.count(" ok (") == 19, r.stdout
+    # 11 Triton kernels (the block prefix sums with and without the key side, the one-kernel backward's set-up)
+    # + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP, and the one-kernel
+    # backward at 64 (dense)
+    assert r.stdout.count(" ok (") == 21, r.stdout
 
     def consts(line, *keys):
         return (int(re.search(rf"'{key}': (\d+)", line).group(1)) for key in keys)
