@@ -458,10 +458,11 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_t
 
 
 # (BLOCK_M, keys per consumer warpgroup, NUM_STAGES, staging slots per consumer warpgroup) of the one-kernel Gluon
-# backward per head dim (two consumer warpgroups; docs/benchmarks.md, session 17); the op runs it at the head dims
-# listed unless deterministic algorithms are asked for. Not at 128: with the dS and staging buffers two stages need
+# backward per head dim (two consumer warpgroups; docs/benchmarks.md, sessions 17 and 18: two stages, 4-8% faster
+# than three at S1 / S2 / 760M since the column sums left shared memory); the op runs it at the head dims listed
+# unless deterministic algorithms are asked for. Not at 128: with the dS and staging buffers two stages need
 # 258 KB of shared memory (sm90 allows 227), one stage fits but spills 1.9 KB (compile_kernels.compile_gluon_fused)
-_SM90_FUSED_CONFIGS = {64: (64, 64, 3, 1)}
+_SM90_FUSED_CONFIGS = {64: (64, 64, 2, 1)}
 
 
 def _use_fused_bwd(q, k, v, do, o):
