@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 F32, BF16, I32 = "*fp32", "*bf16", "*i32"
 POINTERS = dict(
     Q=BF16, K=BF16, V=BF16, O=BF16, DO=BF16, DQ=BF16, DK=BF16, DV=BF16, LF=F32, PK=F32, PQ=F32, LSE=F32,
-    DELTA=F32, DQ32=F32, RS8=F32, DROW=F32, DCOL=F32, DLF=F32, KSTART=I32, KEND=I32, LO_BLK=I32, HI_BLK=I32, S="*fp64",
+    DELTA=F32, DQ32=F32, RS8=F32, Z=F32, DROW=F32, DCOL=F32, DLF=F32, KSTART=I32, KEND=I32, LO_BLK=I32, HI_BLK=I32, S="*fp64",
 )
 
 

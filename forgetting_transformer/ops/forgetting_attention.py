@@ -474,19 +474,26 @@ def _use_fused_bwd(q, k, v, do, o):
             and _use_sm90(q, k, v, _SM90_FUSED_CONFIGS, do, o))
 
 
-def _bwd_fused_setup(o, do):
+def _bwd_fused_setup(o, do, pq, lse, block_m):
     """The one-kernel backward's set-up in one launch (``_bwd_delta_kernel``; o and dO contiguous, same shape
-    (B, Tq, H, D)): delta = rowsum(o * dO), (B, H, Tq) fp32, and the zeroed fp32 accumulators of its reduce-adds,
-    for dq (B, Tq, H, D) and for the row sums of dS (B, Tq, H, 8)."""
+    (B, Tq, H, D); pq from ``_block_prefix``, lse (B, H, Tq) from the forward; query tiles of ``block_m`` rows):
+    delta = rowsum(o * dO), (B, H, Tq) fp32; z = (block-local prefix sums of log f) * log2(e) - lse, the query
+    side of each tile's scores, (B*H, SVR) fp32 with rows padded to SVR = Tq rounded up to 4 (a TMA copy starts
+    at a 16-byte boundary; the padding is not written); and the zeroed fp32 accumulators of the kernel's
+    reduce-adds, for dq (B, Tq, H, D) and for the row sums of dS (B, Tq, H, 8)."""
     from . import triton_kernels as tk
 
     B, Tq, H, D = o.shape
+    svr = _cdiv(Tq, 4) * 4
+    plane = (block_m >= 32) + (block_m >= 64) + (block_m >= 128)  # pq's plane for blocks of block_m rows
     delta = torch.empty((B, H, Tq), device=o.device, dtype=torch.float32)
+    z = torch.empty((B * H, svr), device=o.device, dtype=torch.float32)
     dq32 = torch.empty((B, Tq, H, D), device=o.device, dtype=torch.float32)
     rs8 = torch.empty((B, Tq, H, 8), device=o.device, dtype=torch.float32)
-    tk._bwd_delta_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, dq32, rs8, H, Tq, o.stride(0), o.stride(1),
-                                                o.stride(2), HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
-    return delta, dq32, rs8
+    tk._bwd_delta_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, dq32, rs8, pq[plane], lse, z, H, Tq, o.stride(0),
+                                                o.stride(1), o.stride(2), pq.stride(1), svr, HEAD_DIM=D,
+                                                BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
+    return delta, z, dq32, rs8
 
 
 def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None):
@@ -501,15 +508,16 @@ def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None):
     bm, keys, stages, slots = config or _SM90_FUSED_CONFIGS[D]
     q, k, v, do, o = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous(), o.contiguous()
     _, pq = _block_prefix(lf, Tq, key_side=False)
-    delta, dq32, rs8 = _bwd_fused_setup(o, do)
-    svr = _cdiv(Tq, 4) * 4  # a TMA copy starts at a 16-byte boundary: rows of LSE and delta padded to 4 floats
+    delta, z, dq32, rs8 = _bwd_fused_setup(o, do, pq, lse, bm)
+    svr = z.shape[1]  # a TMA copy starts at a 16-byte boundary: rows of z and delta padded to 4 floats
     vec = functools.partial(_query_vec, rows=svr, block=bm)
+    zd = vec(z, rows=None)  # (the kernel reads z in place of PQ and LSE)
 
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
     gk.fox_bwd_fused_sm90_kernel[(B * Hkv, _cdiv(Tk, 2 * keys))](
-        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys), vec(pq, rows=None), vec(lse),
+        _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys), zd, zd,
         vec(delta), _tma_desc(dq32, bm), _tma_desc(rs8, bm), lf, pq, dk, dv, dcol,
         lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
         H, H // Hkv, Tq, Tk, sm_scale, NUM_STAGES=stages, DQ_SLOTS=slots, num_warps=4, maxnreg=_sm90_maxnreg(8))

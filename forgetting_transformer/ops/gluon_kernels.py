@@ -450,11 +450,13 @@ def _bwd_acp_end(HI, bh, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BL
 @gluon.jit
 def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
               dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, HI, H, GROUP, Tq, Tk, spp,
-              spr, svr, ACP_NK, ACP_GM, ACP_GN, HAS_ACP: gl.constexpr):
+              spr, svr, ACP_NK, ACP_GM, ACP_GN, HAS_ACP: gl.constexpr, FUSED: gl.constexpr):
     """Loader partition: this program's K and V block once (one TMA copy per consumer warpgroup's keys), then for
     each query tile (of each query head of the kv head) Q with the tile's rows of PQ (block-local log f prefix
     sums), LSE and delta on one barrier and dO on another, into stage i % NUM_STAGES, so K Q^T can start before dO
-    lands."""
+    lands. ``FUSED`` (the one-kernel backward): instead of PQ and LSE, the tile's rows of z = PQ log2(e) - LSE
+    (``cq_desc`` over (B*H, svr) rows; ``_bwd_fused_setup``), one vector fewer per tile for both warpgroups to
+    read."""
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     HEAD_DIM: gl.constexpr = q_bufs.type.shape[2]
@@ -471,7 +473,7 @@ def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_buf
     for w in gl.static_range(NUM_WG):
         tma.async_copy_global_to_shared(k_desc, [b * Tk + n0 + w * KEYS, hk * HEAD_DIM], kv_bar, k_smem.index(w))
         tma.async_copy_global_to_shared(v_desc, [b * Tk + n0 + w * KEYS, hk * HEAD_DIM], kv_bar, v_smem.index(w))
-    q_bytes: gl.constexpr = q_desc.block_type.nbytes + 3 * cq_desc.block_type.nbytes
+    q_bytes: gl.constexpr = q_desc.block_type.nbytes + (2 if FUSED else 3) * cq_desc.block_type.nbytes
     i = mb_first * 0  # stage counter over all heads' tiles
     for gi in range(GROUP):
         h = hk * GROUP + gi
@@ -485,8 +487,12 @@ def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_buf
             bar = q_ready.index(st)
             mbarrier.expect(bar, q_bytes)
             tma.async_copy_global_to_shared(q_desc, [b * Tq + r0, h * HEAD_DIM], bar, q_bufs.index(st))
-            tma.async_copy_global_to_shared(cq_desc, [PLANE * spp + (b * H + h) * spr + r0], bar, cq_bufs.index(st))
-            tma.async_copy_global_to_shared(lse_desc, [(b * H + h) * svr + r0], bar, lse_bufs.index(st))
+            if FUSED:
+                tma.async_copy_global_to_shared(cq_desc, [(b * H + h) * svr + r0], bar, cq_bufs.index(st))
+            else:
+                tma.async_copy_global_to_shared(cq_desc, [PLANE * spp + (b * H + h) * spr + r0], bar,
+                                                cq_bufs.index(st))
+                tma.async_copy_global_to_shared(lse_desc, [(b * H + h) * svr + r0], bar, lse_bufs.index(st))
             tma.async_copy_global_to_shared(dl_desc, [(b * H + h) * svr + r0], bar, dl_bufs.index(st))
             mbarrier.wait(do_empty.index(st), ph ^ 1)
             mbarrier.expect(do_ready.index(st), do_desc.block_type.nbytes)
@@ -525,8 +531,11 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     # (rows past Tq of a partial last tile hold the next row's values or TMA's zeros: masked below). Its query
     # part is read from shared memory while the score matmul runs: read after the wait, these loads were the
     # tile loop's most-stalled point (docs/benchmarks.md, session 14; with 128-row tiles the early copy spills)
-    cq = cq_bufs.index(st).load(vec_layout)  # block-local cumsum of log f over the query tile
-    dq2 = (acc_c + cq) * LOG2E - lse_bufs.index(st).load(vec_layout)
+    if FUSED:  # z = (block-local cumsum of log f over the query tile) * log2(e) - LSE, formed in the set-up
+        dq2 = acc_c * LOG2E + cq_bufs.index(st).load(vec_layout)
+    else:
+        cq = cq_bufs.index(st).load(vec_layout)  # block-local cumsum of log f over the query tile
+        dq2 = (acc_c + cq) * LOG2E - lse_bufs.index(st).load(vec_layout)
     mbarrier.wait(do_ready.index(st), ph)
     dpT = warpgroup_mma(v_s, do_s.permute((1, 0)), gl.zeros([KEYS, BLOCK_M], gl.float32, s_layout),
                         use_acc=False, is_async=True)
@@ -801,7 +810,7 @@ def _bwd_load_all(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q
                   sm_scale):
     _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
               dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, HI, H, GROUP, Tq, Tk, spp, spr,
-              svr, ACP_NK, ACP_GM, ACP_GN, HI.dtype.element_ty == gl.int32)
+              svr, ACP_NK, ACP_GM, ACP_GN, HI.dtype.element_ty == gl.int32, False)
 
 
 @gluon.jit
@@ -868,7 +877,7 @@ def _fused_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_
                 slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
     _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
               dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, DCOL, H, GROUP, Tq, Tk, spp, spr,
-              svr, 1, 1, 1, False)
+              svr, 1, 1, 1, False, True)
 
 
 @gluon.jit
@@ -917,8 +926,8 @@ def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc
     (B*Tq, H*D) view of a zeroed fp32 (B, Tq, H, D) accumulator, blocks [BLOCK_M, D]; rs_desc: over (B*Tq, H*8)
     of a zeroed fp32 (B, Tq, H, 8), blocks [BLOCK_M, 8] (8 equal columns: the row sums). The adds' order varies
     from run to run, so dq and the row sums are not bitwise reproducible. Dense only (with ACP's tables the dq and dk/dv kernels are faster:
-    docs/benchmarks.md, session 17); the other arguments as in the dk/dv kernel (delta from
-    ``_bwd_fused_setup``)."""
+    docs/benchmarks.md, session 17); the other arguments as in the dk/dv kernel, except that ``cq_desc`` is over z =
+    PQ log2(e) - LSE, (B*H, svr) rows, and ``lse_desc`` is not read (z and delta from ``_bwd_fused_setup``)."""
     NUM_WG: gl.constexpr = 2
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]

@@ -505,11 +505,13 @@ def _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, sr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, DQ32, RS8, H, Tq, sob, sot, soh, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                      ROWS: tl.constexpr):
+def _bwd_delta_kernel(O, DO, DELTA, DQ32, RS8, PQ, LSE, Z, H, Tq, sob, sot, soh, spr, svr, HEAD_DIM: tl.constexpr,
+                      BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     """The one-kernel Gluon backward's set-up in one launch: delta = rowsum(o * dO) in fp32 (the dq kernels form it
-    otherwise), and the zeroed accumulators of its reduce-adds, DQ32 (B, Tq, H, HEAD_DIM) and RS8 (B, Tq, H, 8),
-    contiguous. O and DO share contiguous (B, Tq, H, HEAD_DIM) strides; DELTA (B*H, Tq). Grid
+    otherwise); the zeroed accumulators of its reduce-adds, DQ32 (B, Tq, H, HEAD_DIM) and RS8 (B, Tq, H, 8),
+    contiguous; and Z = PQ * log2(e) - LSE, the query side of a tile's scores in base 2 (PQ: the block-local
+    prefix sums of log f over the query rows for the kernel's tiles, rows of stride ``spr``; LSE (B*H, Tq)), into
+    (B*H, svr) rows. O and DO share contiguous (B, Tq, H, HEAD_DIM) strides; DELTA (B*H, Tq). Grid
     (B*H, cdiv(Tq, ROWS))."""
     pid = tl.program_id(0)
     b = pid // H
@@ -526,6 +528,9 @@ def _bwd_delta_kernel(O, DO, DELTA, DQ32, RS8, H, Tq, sob, sot, soh, HEAD_DIM: t
     offs_8 = tl.arange(0, 8)
     tl.store(RS8 + row_q[:, None] * 8 + offs_8[None, :], tl.zeros([ROWS, 8], tl.float32),
              mask=(rows < Tq)[:, None])
+    pq = tl.load(PQ + pid.to(tl.int64) * spr + rows, mask=rows < Tq, other=0.0)
+    lse = tl.load(LSE + pid.to(tl.int64) * Tq + rows, mask=rows < Tq, other=0.0)
+    tl.store(Z + pid.to(tl.int64) * svr + rows, pq * 1.4426950408889634 - lse, mask=rows < Tq)
 
 
 @triton.jit

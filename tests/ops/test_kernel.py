@@ -192,14 +192,22 @@ def test_dlogf_scan(Tq, Tk, strided):
 @pytest.mark.parametrize("Tq,D", [(1, 64), (67, 24), (300, 64)])
 def test_bwd_fused_setup(Tq, D):
     """The one-kernel backward's set-up launch (``_bwd_delta_kernel``): delta = rowsum(o * dO), (B, H, Tq), against
-    float64 torch (partial row blocks, a head dim padded to a power of two), and the zeroed fp32 accumulators of
-    its reduce-adds, dq (B, Tq, H, D) and the row sums (B, Tq, H, 8); every element written (the buffers start
-    NaN-poisoned)."""
+    float64 torch (partial row blocks, a head dim padded to a power of two); z = (the block-local prefix sums of
+    log f over 64-row query tiles) * log2(e) - lse, (B*H, Tq rounded up to 4), against float64 torch; and the
+    zeroed fp32 accumulators of its reduce-adds, dq (B, Tq, H, D) and the row sums (B, Tq, H, 8); every element
+    written (the buffers start NaN-poisoned)."""
     g = torch.Generator().manual_seed(Tq)
     o, do = (torch.randn(2, Tq, 3, D, generator=g) for _ in range(2))
+    lf = F.logsigmoid(torch.randn(2, Tq, 3, generator=g))
+    lse = torch.randn(2, 3, Tq, generator=g) * 5
     want = (o.double() * do.double()).sum(-1).permute(0, 2, 1)
-    delta, dq32, rs8 = fa._bwd_fused_setup(o, do)
+    _, pq = fa._block_prefix(lf, Tq, key_side=False)
+    delta, z, dq32, rs8 = fa._bwd_fused_setup(o, do, pq, lse, 64)
     assert delta.shape == (2, 3, Tq) and (delta.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    x = F.pad(lf.permute(0, 2, 1).reshape(6, Tq).double(), (0, -Tq % 64))
+    want_z = x.view(6, -1, 64).cumsum(-1).view(6, -1)[:, :Tq] / math.log(2) - lse.reshape(6, Tq).double()
+    assert z.shape == (6, -(-Tq // 4) * 4)
+    assert (z[:, :Tq].double() - want_z).abs().max() <= 1e-5 * want_z.abs().max()
     for name, t, shape in (("dq32", dq32, (2, Tq, 3, D)), ("rs8", rs8, (2, Tq, 3, 8))):
         assert t.shape == shape and t.dtype == torch.float32 and t.is_contiguous(), name
         assert torch.equal(t, torch.zeros_like(t)), name
