@@ -30,7 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 F32, BF16, I32 = "*fp32", "*bf16", "*i32"
 POINTERS = dict(
     Q=BF16, K=BF16, V=BF16, O=BF16, DO=BF16, DQ=BF16, DK=BF16, DV=BF16, LF=F32, PK=F32, PQ=F32, LSE=F32,
-    DELTA=F32, DQ32=F32, RS8=F32, Z=F32, DROW=F32, DCOL=F32, DLF=F32, KSTART=I32, KEND=I32, LO_BLK=I32, HI_BLK=I32, S="*fp64",
+    DELTA=F32, DQ32=F32, RS8=F32, Z=F32, DROW=F32, DCOL=F32, DLF=F32, KSTART=I32, KEND=I32, LO_BLK=I32, HI_BLK=I32,
+    S="*fp64",
 )
 
 
@@ -54,7 +55,7 @@ def cases(quick=False):
                                                       **(ones or dict(GROUP=2))), w, 3))  # GROUP: constexpr here
     out += [("_block_prefix_kernel", dict(CHUNK=128, QUERY_SIDE=True, KEY_SIDE=True, H=1), 4, 3),
             ("_block_prefix_kernel", dict(CHUNK=128, QUERY_SIDE=True, KEY_SIDE=False, H=1), 4, 3),
-            ("_bwd_delta_kernel", dict(HEAD_DIM=64, BLOCK_D=64, ROWS=64), 4, 3),
+            ("_bwd_fused_setup_kernel", dict(HEAD_DIM=64, BLOCK_D=64, ROWS=64), 4, 3),
             ("_dlogf_sums_kernel", dict(CHUNK=1024), 4, 3), ("_dlogf_kernel", dict(CHUNK=1024, VEC=128), 4, 3)]
     return out
 

@@ -475,8 +475,8 @@ def _use_fused_bwd(q, k, v, do, o):
 
 
 def _bwd_fused_setup(o, do, pq, lse, block_m):
-    """The one-kernel backward's set-up in one launch (``_bwd_delta_kernel``; o and dO contiguous, same shape
-    (B, Tq, H, D); pq from ``_block_prefix``, lse (B, H, Tq) from the forward; query tiles of ``block_m`` rows):
+    """The one-kernel backward's set-up in one launch (``_bwd_fused_setup_kernel``; o and dO contiguous, same
+    shape (B, Tq, H, D); pq from ``_block_prefix``, lse (B, H, Tq) from the forward; query tiles of ``block_m`` rows):
     delta = rowsum(o * dO), (B, H, Tq) fp32; z = (block-local prefix sums of log f) * log2(e) - lse, the query
     side of each tile's scores, (B*H, SVR) fp32 with rows padded to SVR = Tq rounded up to 4 (a TMA copy starts
     at a 16-byte boundary; the padding is not written); and the zeroed fp32 accumulators of the kernel's
@@ -490,9 +490,9 @@ def _bwd_fused_setup(o, do, pq, lse, block_m):
     z = torch.empty((B * H, svr), device=o.device, dtype=torch.float32)
     dq32 = torch.empty((B, Tq, H, D), device=o.device, dtype=torch.float32)
     rs8 = torch.empty((B, Tq, H, 8), device=o.device, dtype=torch.float32)
-    tk._bwd_delta_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, dq32, rs8, pq[plane], lse, z, H, Tq, o.stride(0),
-                                                o.stride(1), o.stride(2), pq.stride(1), svr, HEAD_DIM=D,
-                                                BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
+    tk._bwd_fused_setup_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, dq32, rs8, pq[plane], lse, z, H, Tq,
+                                                      o.stride(0), o.stride(1), o.stride(2), pq.stride(1), svr,
+                                                      HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
     return delta, z, dq32, rs8
 
 

@@ -925,9 +925,10 @@ def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc
     by wgmma over the head's tiles and writes them to DCOL (B, Tk, H) (``_bwd_tile``). dq_desc: over the
     (B*Tq, H*D) view of a zeroed fp32 (B, Tq, H, D) accumulator, blocks [BLOCK_M, D]; rs_desc: over (B*Tq, H*8)
     of a zeroed fp32 (B, Tq, H, 8), blocks [BLOCK_M, 8] (8 equal columns: the row sums). The adds' order varies
-    from run to run, so dq and the row sums are not bitwise reproducible. Dense only (with ACP's tables the dq and dk/dv kernels are faster:
-    docs/benchmarks.md, session 17); the other arguments as in the dk/dv kernel, except that ``cq_desc`` is over z =
-    PQ log2(e) - LSE, (B*H, svr) rows, and ``lse_desc`` is not read (z and delta from ``_bwd_fused_setup``)."""
+    from run to run, so dq and the row sums are not bitwise reproducible. Dense only (with ACP's tables the dq
+    and dk/dv kernels are faster: docs/benchmarks.md, session 17); the other arguments as in the dk/dv kernel,
+    except that ``cq_desc`` is over z = PQ log2(e) - LSE, (B*H, svr) rows, and ``lse_desc`` is not read (z and
+    delta from ``_bwd_fused_setup``)."""
     NUM_WG: gl.constexpr = 2
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]

@@ -505,8 +505,8 @@ def _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, sr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, DQ32, RS8, PQ, LSE, Z, H, Tq, sob, sot, soh, spr, svr, HEAD_DIM: tl.constexpr,
-                      BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def _bwd_fused_setup_kernel(O, DO, DELTA, DQ32, RS8, PQ, LSE, Z, H, Tq, sob, sot, soh, spr, svr,
+                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     """The one-kernel Gluon backward's set-up in one launch: delta = rowsum(o * dO) in fp32 (the dq kernels form it
     otherwise); the zeroed accumulators of its reduce-adds, DQ32 (B, Tq, H, HEAD_DIM) and RS8 (B, Tq, H, 8),
     contiguous; and Z = PQ * log2(e) - LSE, the query side of a tile's scores in base 2 (PQ: the block-local

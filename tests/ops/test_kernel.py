@@ -191,8 +191,8 @@ def test_dlogf_scan(Tq, Tk, strided):
 
 @pytest.mark.parametrize("Tq,D", [(1, 64), (67, 24), (300, 64)])
 def test_bwd_fused_setup(Tq, D):
-    """The one-kernel backward's set-up launch (``_bwd_delta_kernel``): delta = rowsum(o * dO), (B, H, Tq), against
-    float64 torch (partial row blocks, a head dim padded to a power of two); z = (the block-local prefix sums of
+    """The one-kernel backward's set-up launch (``_bwd_fused_setup_kernel``): delta = rowsum(o * dO), (B, H, Tq),
+    against float64 torch (partial row blocks, a head dim padded to a power of two); z = (the block-local prefix sums of
     log f over 64-row query tiles) * log2(e) - lse, (B*H, Tq rounded up to 4), against float64 torch; and the
     zeroed fp32 accumulators of its reduce-adds, dq (B, Tq, H, D) and the row sums (B, Tq, H, 8); every element
     written (the buffers start NaN-poisoned)."""
