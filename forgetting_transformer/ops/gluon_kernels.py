@@ -935,7 +935,7 @@ def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [NUM_STAGES] + do_desc.block_type.shape, do_desc.layout)
     cq_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
-    lse_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
+    lse_bufs = cq_bufs  # (never read here: the loader brings z in cq_bufs instead of PQ and LSE)
     dl_bufs = gl.allocate_shared_memory(gl.float32, [NUM_STAGES] + cq_desc.block_type.shape, cq_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_WG] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_WG] + v_desc.block_type.shape, v_desc.layout)
