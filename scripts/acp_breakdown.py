@@ -4,11 +4,14 @@
 (--extra-configs), and the configs it picked.
 
     python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs] [--profile] [--host] [--kernels]
+    python scripts/acp_breakdown.py --backward-ab [--shapes S1,S2] [--rounds 3]
 
 Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups", eager and
 replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call. --kernels instead
 times the Gluon forward, dq and dk/dv kernels alone (CUDA graph) per head mix, dense and ACP (all_local shows the
-cost of short programs: a local head's program computes a few tiles). docs/kernel.md
+cost of short programs: a local head's program computes a few tiles). --backward-ab times ACP's fwd+bwd (half the
+heads local) with the one-kernel backward and with the dq and dk/dv kernels (``FOX_FUSED_BWD=0``), alternating
+(head dim 64 shapes; the dense fwd+bwd, one kernel, for the ratios). docs/kernel.md
 quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
 """
 
@@ -21,7 +24,8 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (bench_attention also puts the repo root on sys.path)
-from bench_attention import HEAD_MIXES, SHAPES, acp_inputs, bench, bench_graph, graph_time, profile  # noqa: E402
+from bench_attention import (HEAD_MIXES, SHAPES, acp_inputs, bench, bench_graph, graph_time, profile,  # noqa: E402
+                             rounds_arg)
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -84,6 +88,39 @@ def kernel_times(shapes):
             print(f"| {s} | {mix} | ACP tables | | {res[('acp', 'tables')]:.4f} | |", flush=True)
 
 
+def backward_ab(shapes, rounds):
+    """ACP fwd+bwd from a CUDA graph, backward by the one kernel or by the dq and dk/dv kernels, alternating; ms and
+    the speed-up over the dense fwd+bwd (one kernel) of each round."""
+    from bench_attention import make_inputs
+
+    saved = os.environ.get("FOX_FUSED_BWD")
+    try:
+        for r in range(rounds):
+            out = []
+            for s in shapes:
+                B, T, H, D = SHAPES[s]
+                if D != 64:
+                    raise SystemExit(f"--backward-ab: the one-kernel backward runs at head dim 64; shape {s} has {D}")
+                inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
+
+                def acp(q, k, v, lf):
+                    return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+
+                t = {}
+                for flag in ("0", "1"):
+                    os.environ["FOX_FUSED_BWD"] = flag
+                    t[flag] = bench_graph(acp, inputs, True)
+                dense = bench_graph(forgetting_attention, make_inputs(B, T, H, D), True)
+                out.append(f"{s} dense {dense:.3f} ms, ACP two kernels {t['0']:.3f} ({dense / t['0']:.2f}x), "
+                           f"one kernel {t['1']:.3f} ({dense / t['1']:.2f}x)")
+            print(f"round {r + 1}: " + " | ".join(out), flush=True)
+    finally:
+        if saved is None:
+            os.environ.pop("FOX_FUSED_BWD", None)
+        else:
+            os.environ["FOX_FUSED_BWD"] = saved
+
+
 def host_cost(n=200):
     """Host-side cost of one call on inputs too small to keep the GPU busy (B1 T256 H2 D64): wall time per call
     of dense / ACP fwd and fwd+bwd, then a cProfile of ACP fwd+bwd calls (the 25 costliest functions)."""
@@ -131,8 +168,14 @@ def main():
     ap.add_argument("--profile", action="store_true", help="print the kernels of one mixed-heads ACP call per shape")
     ap.add_argument("--host", action="store_true", help="first measure the host-side cost per call (cProfile)")
     ap.add_argument("--kernels", action="store_true", help="time each Gluon kernel alone per head mix instead")
+    ap.add_argument("--backward-ab", action="store_true",
+                    help="ACP fwd+bwd with the one-kernel backward against the dq and dk/dv kernels instead")
+    ap.add_argument("--rounds", type=rounds_arg, default=3, help="rounds of --backward-ab")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
+    if args.backward_ab:
+        backward_ab(shapes, args.rounds)
+        return
     if args.kernels:
         kernel_times(shapes)
         return

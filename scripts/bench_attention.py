@@ -310,6 +310,8 @@ def main():
     ap.add_argument("--no-acp", action="store_true")
     ap.add_argument("--acp-only", action="store_true", help="only the ACP table (prints, writes nothing)")
     ap.add_argument("--profile-acp", action="store_true", help="print the kernels of one ACP call per shape")
+    ap.add_argument("--profile-dense", action="store_true",
+                    help="only print the kernels of one dense fwd+bwd call of ours per shape, then exit")
     ap.add_argument("--acp-rounds", type=rounds_arg, default=3,
                     help="rounds of alternating dense / ACP timings (medians; >= 1)")
     ap.add_argument("--sweep", default="", help="comma list of shapes: time each kernel per config, then exit")
@@ -322,6 +324,10 @@ def main():
 
     if args.sweep:
         sweep(args.sweep.split(","))
+        return
+    if args.profile_dense:
+        for s in args.shapes.split(","):
+            profile(method_ours(), make_inputs(*SHAPES[s]), f"{s} {SHAPES[s]}, dense fwd+bwd")
         return
     if args.acp_only:
         print("\n".join(bench_acp(args.shapes.split(","), args.profile_acp, args.acp_rounds)))

@@ -206,14 +206,14 @@ def compile_gluon_bwd(head_dim, block_m, keys, num_stages, consumers, has_acp, a
 
 
 def compile_gluon_fused(head_dim, block_m, keys, num_stages, consumers, has_acp, arch=90, slots=None):
-    """The one-kernel Gluon sm90 backward (``gluon_kernels.fox_bwd_fused_sm90_kernel``; dense): two consumer
-    warpgroups of ``keys`` keys each, ``slots`` staging slots each (default: the op's config)."""
+    """The one-kernel Gluon sm90 backward (``gluon_kernels.fox_bwd_fused_sm90_kernel``), dense or with ACP: two
+    consumer warpgroups of ``keys`` keys each, ``slots`` staging slots each (default: the op's config)."""
     from triton.experimental.gluon import language as gl
 
     from forgetting_transformer.ops import gluon_kernels as gk
     from forgetting_transformer.ops.forgetting_attention import _SM90_FUSED_CONFIGS
 
-    assert consumers == 2 and not has_acp
+    assert consumers == 2
     slots = slots or _SM90_FUSED_CONFIGS[head_dim][3]
     vec = _vec(block_m)
 
@@ -222,9 +222,10 @@ def compile_gluon_fused(head_dim, block_m, keys, num_stages, consumers, has_acp,
 
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(keys, head_dim),
                  v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, dq_desc=acc(head_dim),
-                 rs_desc=acc(8), LF=F32, PQ=F32, DK=BF16, DV=BF16, DCOL=F32, sm_scale="fp32")
+                 rs_desc=acc(8), LF=F32, PQ=F32, DK=BF16, DV=BF16, DCOL=F32, HI=I32 if has_acp else F32,
+                 sm_scale="fp32")
     return compile_gluon(gk.fox_bwd_fused_sm90_kernel, dict(NUM_STAGES=num_stages, DQ_SLOTS=slots), types,
-                         ("LF", "PQ", "DK", "DV", "DCOL", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
+                         ("LF", "PQ", "DK", "DV", "DCOL", "HI", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
                          arch, consumers)
 
 
@@ -254,14 +255,12 @@ def main():
                                       ("fox_bwd_dq_sm90_kernel", _SM90_DQ_CONFIGS, compile_gluon_dq),
                                       ("fox_bwd_dkdv_sm90_kernel", _SM90_BWD_CONFIGS, compile_gluon_bwd),
                                       ("fox_bwd_fused_sm90_kernel", fused, compile_gluon_fused)):
-                # (--quick: the ACP variants at head dim 64 only, the named model sizes' head dim; the one-kernel
-                # backward is dense only)
+                # (--quick: the ACP variants at head dim 64 only, the named model sizes' head dim)
                 tile = "BLOCK_N" if kind in ("fox_fwd_sm90_kernel", "fox_bwd_dq_sm90_kernel") else "KEYS"
                 todo += [(kind, {"HEAD_DIM": D, "BLOCK_M": bm, tile: bn, "NUM_WG": wgs, "HAS_ACP": acp}, 4, st,
                           lambda D=D, bm=bm, bn=bn, st=st, wgs=wgs, acp=acp, fn=fn: fn(D, bm, bn, st, wgs, acp, arch))
                          for D, (bm, bn, st, wgs) in sorted(configs.items())
-                         for acp in ((False, True) if (D == 64 or not args.quick) and fn is not compile_gluon_fused
-                                     else (False,))]
+                         for acp in ((False, True) if D == 64 or not args.quick else (False,))]
         for name, consts, w, s, compile_fn in todo:
             if arch < 90 and consts.get("HEAD_DIM") == 80:
                 continue  # one head dim is enough to show the pre-Hopper path compiles

@@ -466,10 +466,10 @@ _SM90_FUSED_CONFIGS = {64: (64, 64, 2, 1)}
 
 
 def _use_fused_bwd(q, k, v, do, o):
-    """Whether a dense causal backward without documents or padding runs as one Gluon kernel (dk/dv with dq and
-    the row sums of dS by TMA reduce-adds; ``_bwd_fused_sm90``; with ACP's tables the dq and dk/dv kernels are
-    faster): where ``_use_sm90`` holds for ``_SM90_FUSED_CONFIGS``, unless ``torch.use_deterministic_algorithms``
-    is on or ``FOX_FUSED_BWD`` is "0" (then the dq and dk/dv kernels run, which are bitwise reproducible)."""
+    """Whether a causal backward without documents or padding (dense or with ACP's tables) runs as one Gluon kernel
+    (dk/dv with dq and the row sums of dS by TMA reduce-adds; ``_bwd_fused_sm90``): where ``_use_sm90`` holds for
+    ``_SM90_FUSED_CONFIGS``, unless ``torch.use_deterministic_algorithms`` is on or ``FOX_FUSED_BWD`` is "0" (then
+    the dq and dk/dv kernels run, which are bitwise reproducible)."""
     return (os.environ.get("FOX_FUSED_BWD", "1") != "0" and not torch.are_deterministic_algorithms_enabled()
             and _use_sm90(q, k, v, _SM90_FUSED_CONFIGS, do, o))
 
@@ -496,11 +496,12 @@ def _bwd_fused_setup(o, do, pq, lse, block_m):
     return delta, z, dq32, rs8
 
 
-def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None):
+def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None, acp_tables=None):
     """The dense causal backward as one warp-specialised Gluon kernel
     (``gluon_kernels.fox_bwd_fused_sm90_kernel``; Hopper only): (dq, dk, dv, drow, dcol) as ``_bwd_dq`` and
-    ``_bwd_dkdv`` give them, dq the fp32 accumulator of the kernel's reduce-adds rounded once to q's dtype, drow
-    and dcol the sums of the 16-bit dS (not bitwise reproducible: the adds' order varies)."""
+    ``_bwd_dkdv`` give them (dense, or with ACP's ``acp_tables``), dq the fp32 accumulator of the kernel's
+    reduce-adds rounded once to q's dtype, drow and dcol the sums of the 16-bit dS (not bitwise reproducible: the
+    adds' order varies)."""
     from . import gluon_kernels as gk
 
     B, Tq, H, D = q.shape
@@ -520,7 +521,10 @@ def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None):
         _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys), zd, zd,
         vec(delta), _tma_desc(dq32, bm), _tma_desc(rs8, bm), lf, pq, dk, dv, dcol,
         lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
-        H, H // Hkv, Tq, Tk, sm_scale, NUM_STAGES=stages, DQ_SLOTS=slots, num_warps=4, maxnreg=_sm90_maxnreg(8))
+        H, H // Hkv, Tq, Tk, sm_scale,
+        dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
+        *_acp_args(acp_tables, max(16, _next_pow2(D)))[1:], NUM_STAGES=stages, DQ_SLOTS=slots, num_warps=4,
+        maxnreg=_sm90_maxnreg(8))
     return dq32.to(q.dtype), dk, dv, rs8[..., 0], dcol  # (drow: a strided view, which _bwd_dlogf reads)
 
 
@@ -530,8 +534,8 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
         return torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v), torch.zeros_like(lf)
     do = do.contiguous()
     o = o.contiguous()
-    if kstart is None and kend is None and acp_tables is None and _use_fused_bwd(q, k, v, do, o):
-        dq, dk, dv, drow, dcol = _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale)
+    if kstart is None and kend is None and _use_fused_bwd(q, k, v, do, o):
+        dq, dk, dv, drow, dcol = _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, acp_tables=acp_tables)
         return dq, dk, dv, _bwd_dlogf(drow, dcol)
     pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel

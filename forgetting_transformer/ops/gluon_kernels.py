@@ -23,10 +23,11 @@ log-sum-exp), in three partitions:
     head's lowest blocks lie wholly before the last warpgroups' first kept keys. It hands those stages on
     unread (``_pass_stage``); the skipped tiles were wholly masked, so the results are the same bit for bit.
     The dk/dv kernel does the same per warpgroup of keys under ACP.
-At head dim 64 the dense backward runs as one kernel by default (``fox_bwd_fused_sm90_kernel``: the dk/dv kernel,
-which also forms dq by TMA reduce-adds; docs/kernel.md). The kernels run causal attention, dense or with ACP (the
-forward and dq kernels read ACP's LO table, the dk/dv kernel its HI table: the same pruned region as the Triton
-kernels); documents and left padding stay with the Triton kernels. ``forgetting_attention._use_sm90`` decides.
+At head dim 64 the backward, dense or with ACP, runs as one kernel by default (``fox_bwd_fused_sm90_kernel``: the
+dk/dv kernel, which also forms dq by TMA reduce-adds; docs/kernel.md). The kernels run causal attention, dense or
+with ACP (the forward and dq kernels read ACP's LO table, the dk/dv and one-kernel backward its HI table: the same
+pruned region as the Triton kernels); documents and left padding stay with the Triton kernels.
+``forgetting_attention._use_sm90`` decides.
 """
 from triton._C.libtriton import ir
 from triton.experimental import gluon
@@ -583,6 +584,17 @@ def _ds_handoff(ds16, i, WG, ds_bufs, ds_full, ds_empty):
 
 
 @gluon.jit
+def _zero_share(i, WG, q_ready, q_empty, do_ready, do_empty, ds_bufs, ds_full, ds_empty, s_layout: gl.constexpr):
+    """The one-kernel backward under ACP, tile i of the program that this warpgroup's keys do not see (causal, or
+    past the last row they reach): hand its stage on unread (``_pass_stage``) and a zero dS^T to the tile's dq
+    share, which the other warpgroup's half makes."""
+    KEYS: gl.constexpr = ds_bufs.type.shape[1]
+    BLOCK_M: gl.constexpr = ds_bufs.type.shape[2]
+    _pass_stage(i, q_ready, q_empty, do_ready, do_empty)
+    _ds_handoff(gl.zeros([KEYS, BLOCK_M], ds_bufs.dtype, s_layout), i, WG, ds_bufs, ds_full, ds_empty)
+
+
+@gluon.jit
 def _dq_share(j, WG, ds_bufs, k_smem, ones_s, dq_stage, rs_stage, ds_full, ds_empty, st_full, st_empty, sm_scale):
     """The one-kernel backward, warpgroup j % 2 (``WG``), after its tile j + 1: tile j's dq share of the program's
     keys, dS K (times sm_scale), and the row sums of dS (dS times ones: ``ones_s``, 8 x (NUM_WG * KEYS); 8 equal
@@ -642,9 +654,10 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     causal diagonal tiles, the clean ones, then those with rows past Tq or (ACP) rows that some of the keys do
     not reach. Under ACP key j reaches rows below ``(HI[j // ACP_GN] + 1) * ACP_GM`` (the region the LO table
     leaves to the forward: LO grows with the query block); the last tile is the program's (all warpgroups
-    consume one ring of stages). ``FUSED`` (the one-kernel backward, dense, two warpgroups): also each tile's dq
+    consume one ring of stages). ``FUSED`` (the one-kernel backward, two warpgroups): also each tile's dq
     share and the row sums of dS (``_ds_handoff``, ``_dq_share``), and the column sums by wgmma (``_bwd_tile``;
-    the other arguments after ``WG`` are its buffers and barriers, unused otherwise)."""
+    the other arguments after ``WG`` are its buffers and barriers, unused otherwise); under ACP it walks all the
+    program's tiles and hands a zero dS^T for those its own keys do not see (``_zero_share``)."""
     num_warps: gl.constexpr = 4
     KEYS: gl.constexpr = k_s.type.shape[0]
     HEAD_DIM: gl.constexpr = k_s.type.shape[1]
@@ -678,7 +691,7 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, d_layout)
     if FUSED:
-        gl.static_assert(NUM_WG == 2 and not HAS_ACP)
+        gl.static_assert(NUM_WG == 2)
         ones_layout: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [num_warps, 1], [1, 0])
         ones_s = ones_s.index(WG)
         ones_s.store(gl.full([8, NUM_WG * KEYS], 1.0, ones_s.dtype, ones_layout))
@@ -727,9 +740,13 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
             wc = gl.maximum(gl.minimum(gl.minimum(w_clean, we), gl.min(khi, 0) // BLOCK_M), wm)
         i0 = base - mb_first
         if FUSED:  # one loop over the program's tiles, so the dq share's code is inlined once (with a copy in
-            # each of the three loops below, the kernel spilled 2.6x as much)
-            for mb in range(wf, we):
-                if (mb < wm) | (mb >= wc):
+            # each of the three loops below, the kernel spilled 2.6x as much); dense, [wf, we) is all of them
+            for mb in range(mb_first, mb_end_h):
+                if HAS_ACP and ((mb < wf) | (mb >= we)):  # not seen by this warpgroup's keys: a zero share
+                    acc_c += gl.where(mb < wf, gl.load(PQ_base + mb * BLOCK_M + BLOCK_M - 1), 0.0)  # as _bwd_tile
+                    _zero_share(i0 + mb, WG, q_ready, q_empty, do_ready, do_empty, ds_bufs, ds_full, ds_empty,
+                                s_layout)
+                elif (mb < wm) | (mb >= wc):
                     dk, dv, colsum, acc_c = _bwd_tile(dk, dv, colsum, acc_c, i0 + mb, off + mb * BLOCK_M, off, Tq, k_s,
                                                       v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, q_ready,
                                                       do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m,
@@ -857,34 +874,35 @@ def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc,
                             (_bwd_load_all, args)], [4, 1], [240, 24])
 
 
-# The one-kernel backward's partitions (one signature: the kernel's arguments; two consumer warpgroups, dense).
+# The one-kernel backward's partitions (one signature: the kernel's arguments; two consumer warpgroups; ACP when HI is
+# an int32 pointer, as in the dk/dv kernel).
 @gluon.jit
 def _fused_compute_wg(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs,
                       cq_bufs, lse_bufs, dl_bufs, k_smem, v_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, kv_bar,
                       q_ready, do_ready, q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL,
-                      slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk,
+                      HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
                       sm_scale, WG):
     _bwd_compute(k_smem.index(WG), v_smem.index(WG), q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, q_ready,
-                 do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr,
-                 svr, 1, 1, 1, H, GROUP, Tq, Tk, sm_scale, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage,
-                 ds_full, ds_empty, st_full, st_empty, 2, False, True)
+                 do_ready, q_empty, do_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr,
+                 svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, k_smem, ds_bufs, ones_s, ones_q,
+                 dq_stage, rs_stage, ds_full, ds_empty, st_full, st_empty, 2, HI.dtype.element_ty == gl.int32, True)
 
 
 @gluon.jit
 def _fused_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
                 lse_bufs, dl_bufs, k_smem, v_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, kv_bar, q_ready,
-                do_ready, q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, slb, slt,
-                slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
+                do_ready, q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt,
+                slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
     _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_bufs, do_bufs, cq_bufs, lse_bufs,
-              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, DCOL, H, GROUP, Tq, Tk, spp, spr,
-              svr, 1, 1, 1, False, True)
+              dl_bufs, k_smem, v_smem, kv_bar, q_ready, do_ready, q_empty, do_empty, HI, H, GROUP, Tq, Tk, spp, spr,
+              svr, ACP_NK, ACP_GM, ACP_GN, HI.dtype.element_ty == gl.int32, True)
 
 
 @gluon.jit
 def _dq_write(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
               lse_bufs, dl_bufs, k_smem, v_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, kv_bar, q_ready, do_ready,
-              q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, slb, slt, slh, sdkb,
-              sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale):
+              q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb,
+              sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale):
     """Writer partition (one warp): for each tile in the consumers' order (the loader's schedule), once its dq
     share is staged (``_dq_share``: tile i by warpgroup i % 2, in that warpgroup's slot (i // 2) % SLOTS), add it
     and its row sums to the fp32 accumulators by TMA reduce-adds and free the slot when the reduces have read
@@ -901,7 +919,9 @@ def _dq_write(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_de
     i = mb_first * 0
     for gi in range(GROUP):
         h = hk * GROUP + gi
-        for mb in range(mb_first, mb_end):
+        mb_end_h = _bwd_acp_end(HI, b * H + h, n_blk, Tk, mb_first, mb_end, ACP_NK, ACP_GM, ACP_GN, BLOCK_M, BLOCK_N,
+                                HI.dtype.element_ty == gl.int32)  # (the loader's tiles)
+        for mb in range(mb_first, mb_end_h):
             u = i // 2
             slot = (i % 2) * SLOTS + u % SLOTS
             mbarrier.wait(st_full.index(slot), (u // SLOTS) & 1)
@@ -914,8 +934,8 @@ def _dq_write(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_de
 
 @gluon.jit
 def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, LF, PQ, DK,
-                              DV, DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H,
-                              GROUP, Tq, Tk, sm_scale, NUM_STAGES: gl.constexpr, DQ_SLOTS: gl.constexpr):
+                              DV, DCOL, slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale, HI,
+                              ACP_NK, ACP_GM, ACP_GN, NUM_STAGES: gl.constexpr, DQ_SLOTS: gl.constexpr):
     """The one-kernel backward: ``fox_bwd_dkdv_sm90_kernel`` with two consumer warpgroups of KEYS keys (240
     registers each) and its loader, which also forms dq and the row and column sums of dS, plus a writer warp. Per
     query tile both warpgroups store their dS^T (16-bit) to shared memory (``_ds_handoff``); one of them
@@ -925,10 +945,13 @@ def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc
     by wgmma over the head's tiles and writes them to DCOL (B, Tk, H) (``_bwd_tile``). dq_desc: over the
     (B*Tq, H*D) view of a zeroed fp32 (B, Tq, H, D) accumulator, blocks [BLOCK_M, D]; rs_desc: over (B*Tq, H*8)
     of a zeroed fp32 (B, Tq, H, 8), blocks [BLOCK_M, 8] (8 equal columns: the row sums). The adds' order varies
-    from run to run, so dq and the row sums are not bitwise reproducible. Dense only (with ACP's tables the dq
-    and dk/dv kernels are faster: docs/benchmarks.md, session 17); the other arguments as in the dk/dv kernel,
-    except that ``cq_desc`` is over z = PQ log2(e) - LSE, (B*H, svr) rows, and ``lse_desc`` is not read (z and
-    delta from ``_bwd_fused_setup``)."""
+    from run to run, so dq and the row sums are not bitwise reproducible. Dense, or with ACP's HI table as in the
+    dk/dv kernel (the loader and the writer follow the program's tiles, each warpgroup its own keys' and a zero
+    dS^T for the rest: ``_zero_share``); HI and ACP's grid come last, after ``sm_scale``, so that the dense
+    kernel compiles to the SASS it had before they were added (with them in the middle of the list ptxas
+    scheduled its tile loop differently: 0.8% slower at S2, docs/benchmarks.md session 20). The other arguments
+    as in the dk/dv kernel, except that ``cq_desc`` is over z = PQ log2(e) - LSE, (B*H, svr) rows, and
+    ``lse_desc`` is not read (z and delta from ``_bwd_fused_setup``)."""
     NUM_WG: gl.constexpr = 2
     KEYS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -970,8 +993,8 @@ def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc
         mbarrier.init(st_empty.index(s), count=1)
     args = (q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_desc, rs_desc, q_bufs, do_bufs, cq_bufs,
             lse_bufs, dl_bufs, k_smem, v_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, kv_bar, q_ready, do_ready,
-            q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, slb, slt, slh, sdkb,
-            sdkt, sdkh, spp, spr, svr, H, GROUP, Tq, Tk, sm_scale)
+            q_empty, do_empty, ds_full, ds_empty, st_full, st_empty, LF, PQ, DK, DV, DCOL, HI, slb, slt, slh, sdkb,
+            sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale)
     gl.warp_specialize([(_fused_compute_wg, args + (gl.to_tensor(0),)), (_fused_compute_wg, args + (gl.to_tensor(1),)),
                         (_fused_load, args), (_dq_write, args)], [4, 1, 1], [240, 24, 24])
 

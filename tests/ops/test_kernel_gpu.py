@@ -349,11 +349,13 @@ def test_gluon_dq(B, Tq, Tk, H, Hkv, D, dtype, config):
     (1, 2048, 2048, 2, 1, 128, (128, 256)),  # a grid coarser than the tiles
 ])
 def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
-    """ACP in the Gluon forward, dq and dk/dv kernels: o, dq, dk, dv and d log f equal those of float64 attention with
-    exactly ACP's pruned tiles masked out (``acp_masked_ref``) as closely as the Triton kernels' with the same
-    tables, within the issue's bounds or 3x the error of the same masked attention in bf16 PyTorch (with these
-    local gates both kernels' dk errors are 1.9-2.5x PyTorch's: FlashAttention's delta = rowsum(o * dO) is formed
-    from the bf16 output, autograd's from fp32 P), and the log-sum-exp equals the Triton forward's. Half the heads are local (heavy pruning), half
+    """ACP in the Gluon forward, dq and dk/dv kernels and (head dim 64) the one-kernel backward: o, dq, dk, dv and
+    d log f equal those of float64 attention with exactly ACP's pruned tiles masked out (``acp_masked_ref``) as
+    closely as the Triton kernels' with the same tables (d log f of the one kernel within 2x, 1.5-1.7x measured:
+    its row and column sums are of the 16-bit dS, as in ``test_gluon_fused_bwd``), within the issue's bounds or
+    3x the error of the same masked attention in bf16 PyTorch (with these local gates both kernels' dk errors are
+    1.9-2.5x PyTorch's: FlashAttention's delta = rowsum(o * dO) is formed from the bf16 output, autograd's from
+    fp32 P), and the log-sum-exp equals the Triton forward's. Half the heads are local (heavy pruning), half
     global (none)."""
     monkeypatch.setattr(fa, "_ACP_GRID_OVERRIDE", grid)
     q, k, v, lf = make(B, Tq, Tk, H, Hkv, D)
@@ -380,13 +382,18 @@ def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
     triton_ = fa._bwd_dkdv(do, q, k, v, lf, pq, lse_t, delta_t, None, None, sm, tables)
     got = {name: dict(zip(("o", "dq", "dk", "dv", "dlf"), (oo, dq_, r[0], r[1], fa._bwd_dlogf(dr, r[2]))))
            for name, oo, dq_, dr, r in (("gluon", o, dq, drow, ours), ("triton", o_t, dq_t, drow_t, triton_))}
+    if D == 64:
+        f = fa._bwd_fused_sm90(do, q, k, v, lf, o_t, lse_t, sm, acp_tables=tables)
+        got["fused"] = dict(zip(("o", "dq", "dk", "dv", "dlf"), (o, f[0], f[1], f[2], fa._bwd_dlogf(f[3], f[4]))))
     errs = {}
-    for name in ("o", "dq", "dk", "dv", "dlf"):
-        a = got["gluon"][name]
-        assert torch.isfinite(a).all(), name
-        errs[name] = e, e_t, e_lp = (rel(a, ref[name]), rel(got["triton"][name], ref[name]),
-                                     rel(ref_lp[name], ref[name]))
-        assert e <= max(TOL[name], 3 * e_lp) and e <= 1.1 * e_t + 1e-5, (name, e, e_t, e_lp)
+    for kernels in [k_ for k_ in ("gluon", "fused") if k_ in got]:
+        for name in ("o", "dq", "dk", "dv", "dlf"):
+            a = got[kernels][name]
+            assert torch.isfinite(a).all(), (kernels, name)
+            errs[kernels, name] = e, e_t, e_lp = (rel(a, ref[name]), rel(got["triton"][name], ref[name]),
+                                                  rel(ref_lp[name], ref[name]))
+            slack = 2.0 if (kernels, name) == ("fused", "dlf") else 1.1
+            assert e <= max(TOL[name], 3 * e_lp) and e <= slack * e_t + 1e-5, (kernels, name, e, e_t, e_lp)
     print(f"\n[gluon ACP {B, Tq, Tk, H, Hkv, D} grid {GM}x{GN}] " + " ".join(
         f"{n}={e:.2e}(triton {e_t:.2e}, pytorch {e_lp:.2e})" for n, (e, e_t, e_lp) in errs.items()))
     assert (lse - lse_t).abs().max().item() < 1e-4 * max(1.0, lse_t.abs().max().item())
@@ -432,8 +439,8 @@ def test_gluon_fused_bwd(B, Tq, Tk, H, Hkv, dtype):
 
 @pytest.mark.skipif(not _hopper(), reason="the Gluon kernels need a Hopper GPU (compute capability 9.x)")
 def test_gluon_dispatch(monkeypatch):
-    """Dense and ACP calls on Hopper run the Gluon forward and backward kernels (D = 64 and 128): dense at head dim
-    64 the one-kernel backward, unless deterministic algorithms are on or ``FOX_FUSED_BWD=0``; ``FOX_GLUON=0`` turns
+    """Dense and ACP calls on Hopper run the Gluon forward and backward kernels (D = 64 and 128): at head dim 64 the
+    one-kernel backward, unless deterministic algorithms are on or ``FOX_FUSED_BWD=0``; ``FOX_GLUON=0`` turns
     them off, and calls with left padding keep the Triton kernels. fwd + all gradients stay within the float64
     bounds either way."""
     calls = []
@@ -452,12 +459,12 @@ def test_gluon_dispatch(monkeypatch):
     monkeypatch.delenv("FOX_FUSED_BWD")
     check(q, k, v, lf, seq_start=torch.tensor([0, 5], device="cuda"))
     assert len(calls) == 8
-    for t in ((q, k, v, lf), (q64, k64, v64, lf64)):  # ACP runs them too (the two backward kernels)
+    for t in ((q, k, v, lf), (q64, k64, v64, lf64)):  # ACP runs them too
         D = t[0].shape[-1]
         qn, kn = ((F.normalize(x.float(), dim=-1) * math.sqrt(D)).bfloat16() for x in t[:2])
         w = torch.ones(D, device="cuda")
         check(qn, kn, *t[2:], ours_kw=dict(adaptive_threshold="auto", qk_norm_weights=(w, w)))
-    assert calls[8:] == ["_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90"] * 2
+    assert calls[8:] == ["_fwd_launch_sm90", "_bwd_dq_sm90", "_bwd_dkdv_sm90", "_fwd_launch_sm90", "_bwd_fused_sm90"]
     monkeypatch.setenv("FOX_GLUON", "0")
     check(q, k, v, lf)
-    assert len(calls) == 14
+    assert len(calls) == 13
