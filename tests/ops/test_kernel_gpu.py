@@ -345,6 +345,7 @@ def test_gluon_dq(B, Tq, Tk, H, Hkv, D, dtype, config):
     (1, 4096, 4096, 4, 2, 128, None),        # ACP's own grid (64 x 64 on the GPU), GQA
     (2, 1000, 1000, 4, 2, 64, None),         # partial last tiles, rows past the batch
     (1, 300, 1111, 4, 1, 128, None),         # Tq < Tk, MQA
+    (1, 300, 1111, 4, 1, 64, None),          # the same through the one-kernel backward
     (1, 2048, 2048, 2, 2, 64, (16, 16)),     # a grid finer than every tile: per-row / per-key bounds
     (1, 2048, 2048, 2, 1, 128, (128, 256)),  # a grid coarser than the tiles
 ])
