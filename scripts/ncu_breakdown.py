@@ -4,8 +4,9 @@
     python scripts/ncu_breakdown.py --csv SOURCE.csv
 
 The first form profiles the second launch of one Gluon kernel at a bench_attention.py shape (``ncu --section
-SourceCounters``, ncu from PATH or the ``NCU`` environment variable; about 15 s), exports its source page and breaks it down; the second breaks down an existing
-export (``ncu -i REPORT --page source --csv --print-source sass``). The regions:
+SourceCounters``, ncu from PATH or the ``NCU`` environment variable; about 15 s; ``fused`` at S1 / S2, head dim
+64), exports its source page and breaks it down; the second breaks down an existing export (``ncu -i REPORT
+--page source --csv --print-source sass``). The regions:
   * the kernel's start and the workers' dispatch (up to the first BRX); the warp-specialised partitions, the
     workers split at their branches back to the dispatch block (an unconditional BRA to an address before the
     BRX) and the default partition last (up to the last EXIT): those that issue wgmma are consumer warpgroups,
@@ -143,7 +144,7 @@ def launch(kernel, shape, acp):
         if kernel == "fwd":
             fa._fwd_launch_sm90(q, k, v, lf, sm, acp_tables=tables)
         elif kernel == "fused":
-            fa._bwd_fused_sm90(do, q, k, v, lf, o, lse, sm)
+            fa._bwd_fused_sm90(do, q, k, v, lf, o, lse, sm, acp_tables=tables)
         elif kernel == "dq":
             fa._bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm, acp_tables=tables)
         else:
@@ -155,7 +156,7 @@ def launch(kernel, shape, acp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kernel", choices=sorted(KERNELS))
-    ap.add_argument("--shape", default="S1")
+    ap.add_argument("--shape", default="S1", choices=["S1", "S2", "S3", "S4"], help="bench_attention.py's shapes")
     ap.add_argument("--acp", action="store_true", help="ACP's tables (half the heads local), not dense")
     ap.add_argument("--csv", help="break down an existing source-page export instead")
     ap.add_argument("--out", default=".", help="where the report and the CSV go")
@@ -167,8 +168,8 @@ def main():
         return report(args.csv)
     if args.kernel is None:
         ap.error("give --kernel (to profile) or --csv (to break down an export)")
-    if args.kernel == "fused" and args.acp:
-        ap.error("--acp with --kernel fused: the one-kernel backward is dense only")
+    if args.kernel == "fused" and args.shape in ("S3", "S4"):
+        ap.error(f"--kernel fused runs at head dim 64 (S1, S2); --shape {args.shape} has head dim 128")
     ncu = os.environ.get("NCU", "ncu")
     tag = os.path.join(args.out, f"{args.kernel}_{args.shape}{'_acp' if args.acp else ''}")
     me = [sys.executable, os.path.abspath(__file__), "--launch", "--kernel", args.kernel, "--shape", args.shape]

@@ -27,64 +27,76 @@ def test_gluon_ab_heads_choices():
         assert f"'{mix}'" in r.stderr
 
 
-def _ncu_csv(path, rows):
-    """A source-page export as ``ncu --page source --csv --print-source sass`` writes it: (offset, sass, samples,
-    executed, barrier samples) rows at base address 0x7f0000000000."""
+@pytest.fixture
+def ncu_export(tmp_path):
+    """A synthetic source-page export as ``ncu --page source --csv --print-source sass`` writes it (absolute
+    addresses and branch targets): warps 0-3 branch to the default partition (last); the others pass the dispatch
+    loop up to the BRX into worker 1 (a tile loop of 3 instructions with wgmma) or worker 2 (the loader); the
+    default partition ends at EXIT, then an mbarrier retry stub. Rows: (offset, sass, samples, executed, barrier
+    samples; the rest of the samples are "wait")."""
     import csv
 
-    base = 0x7F0000000000
+    T = 0x7F0000000000
+    rows = [(0x00, f"@!P0 BRA {T + 0xa0:#x}", 1, 12, 0),
+            (0x10, "NOP", 1, 8, 0), (0x20, f"@P0 BRA {T + 0x10:#x}", 1, 8, 0), (0x30, "BRX R2, -0x40", 1, 8, 0),
+            (0x40, "MOV R0, R1", 2, 4, 0),
+            (0x50, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", 20, 40, 5),
+            (0x60, f"@P1 BRA {T + 0x40:#x}", 10, 40, 0),
+            (0x70, f"BRA {T + 0x10:#x}", 5, 4, 5),
+            (0x80, "SYNCS.ARRIVE.TRANS64 RZ, [UR4]", 30, 1, 30),
+            (0x90, f"BRA {T + 0x10:#x}", 0, 1, 0),
+            (0xa0, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", 4, 4, 0),
+            (0xb0, "EXIT", 6, 4, 6),
+            (0xc0, "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R2], R3", 3, 9, 0), (0xd0, f"BRA {T + 0xc0:#x}", 1, 9, 0)]
+    path = tmp_path / "src.csv"
     with open(path, "w", newline="") as f:
         w = csv.writer(f, quoting=csv.QUOTE_ALL)
         w.writerow(["Kernel Name", "k", ""])
         w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
                     "stall_barrier", "stall_wait", "stall_barrier (Not Issued)"])
         for off, sass, samples, executed, barrier in rows:
-            sass = sass.replace("@T", hex(base))  # branch targets are absolute in the export
-            w.writerow([hex(base + off), "      " + sass, samples, executed, barrier, samples - barrier, 0])
+            w.writerow([hex(T + off), "      " + sass, samples, executed, barrier, samples - barrier, 0])
+    return path
 
 
-def test_ncu_breakdown_regions(tmp_path):
-    """The Nsight Compute breakdown's regions on a synthetic kernel: start and dispatch up to the BRX, a worker
-    partition with a wgmma tile loop (its iterations, samples per warpgroup iteration), a worker without wgmma, the
-    default partition (last, up to EXIT) and the retry stubs; shares of all samples and of the consumers'."""
+def _ncu_breakdown():
     sys.path.insert(0, str(SCRIPTS))
-    import ncu_breakdown as nb
+    import ncu_breakdown
 
-    T = 0x7F0000000000
-    rows = [(0x00, f"@!P0 BRA {T + 0xa0:#x}", 1, 12, 0),                 # warps 0-3: the default partition
-            (0x10, "NOP", 1, 8, 0), (0x20, f"@P0 BRA {T + 0x10:#x}", 1, 8, 0), (0x30, "BRX R2, -0x40", 1, 8, 0),
-            (0x40, "MOV R0, R1", 2, 4, 0),                                # worker 1: a tile loop of 3 instructions
-            (0x50, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", 20, 40, 5),
-            (0x60, f"@P1 BRA {T + 0x40:#x}", 10, 40, 0),
-            (0x70, f"BRA {T + 0x10:#x}", 5, 4, 5),
-            (0x80, "SYNCS.ARRIVE.TRANS64 RZ, [UR4]", 30, 1, 30),          # worker 2: the loader
-            (0x90, f"BRA {T + 0x10:#x}", 0, 1, 0),
-            (0xa0, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", 4, 4, 0),  # default: no loop
-            (0xb0, "EXIT", 6, 4, 6),
-            (0xc0, "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R2], R3", 3, 9, 0), (0xd0, f"BRA {T + 0xc0:#x}", 1, 9, 0)]
-    path = tmp_path / "src.csv"
-    _ncu_csv(path, rows)
-    ins = nb.load(path)
+    return ncu_breakdown
+
+
+def test_ncu_breakdown_regions(ncu_export):
+    """The Nsight Compute breakdown's regions on the synthetic kernel: start and dispatch up to the BRX, a worker
+    partition with a wgmma tile loop (its iterations), a worker without wgmma, the default partition (last, up to
+    EXIT) and the retry stubs; branch targets made relative to the kernel's start."""
+    nb = _ncu_breakdown()
+    ins = nb.load(ncu_export)
     assert ins[6][1] == "@P1 BRA 0x40" and ins[6][4] == {"barrier": 0, "wait": 10}
     regs = {name: sum(x[2] for x in body) for name, body in nb.regions(ins)}
     assert regs == {"start and dispatch": 4, "partition 1 tile loop of 3 instructions (40 warp iterations)": 32,
                     "partition 1 per item (outside the tile loops)": 5,
                     "partition 2 (no wgmma: loader, writer or idle warps)": 30,
                     "partition 3 per item (outside the tile loops)": 10, "mbarrier retry stubs": 4}, regs
-    # the report: 85 samples, consumers 47; the loop's 32 samples over 40 / 4 warpgroup iterations
-    nb.report(str(path))
 
 
-def test_ncu_breakdown_report(tmp_path, capsys):
-    """The report's rows carry the shares and the samples per warpgroup iteration."""
-    test_ncu_breakdown_regions(tmp_path)
+def test_ncu_breakdown_report(ncu_export, capsys):
+    """The report's rows carry the shares (85 samples, the consumers' 47) and the samples per warpgroup iteration
+    (the loop's 32 over 40 / 4)."""
+    _ncu_breakdown().report(str(ncu_export))
     out = capsys.readouterr().out
     assert "85 samples" in out
     assert "| partition 1 tile loop of 3 instructions (40 warp iterations) | 37.6% | 68.1% | 84 | 3.200 |" in out, out
     assert "| partition 2 (no wgmma: loader, writer or idle warps) | 35.3% |  | 2 |  | barrier 100% |" in out, out
 
 
-def test_ncu_breakdown_needs_a_kernel_or_csv():
-    r = subprocess.run([sys.executable, str(SCRIPTS / "ncu_breakdown.py")], capture_output=True, text=True,
+@pytest.mark.parametrize("args,message", [
+    ([], "give --kernel (to profile) or --csv"),
+    (["--kernel", "fwd", "--shape", "S9"], "argument --shape: invalid choice: 'S9'"),
+    (["--kernel", "fused", "--shape", "S3"], "--kernel fused runs at head dim 64 (S1, S2); --shape S3 has head dim"),
+])
+def test_ncu_breakdown_bad_arguments(args, message):
+    """Bad arguments are refused up front, naming the value (not inside the process ncu profiles)."""
+    r = subprocess.run([sys.executable, str(SCRIPTS / "ncu_breakdown.py"), *args], capture_output=True, text=True,
                        timeout=120)
-    assert r.returncode == 2 and "give --kernel (to profile) or --csv" in r.stderr, r.stderr
+    assert r.returncode == 2 and message in r.stderr, r.stderr
