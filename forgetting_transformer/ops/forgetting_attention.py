@@ -152,44 +152,58 @@ def _acp_args(acp_tables, block_d, rows_only=False):
 
 _ACP_MODES = {"tensor": 0, "float": 1, "weights": 2, "norms": 3}
 _ACP_NORM_CHUNKS = 1024  # at most this many programs per head for the max norms (tests lower it)
+_ACP_VEC = 32  # blocks per window of the tables' searches and walks (H200: 32 beat 64 and 128, session 21)
+_ACP_CUMSUM_CHUNKS = 128  # at most this many chunks of positions per sequence for ACP's cumsum (tests lower it)
 
 
 def _acp_launch(q, k, lf, sm_scale, mode, delta=None, thr_value=0.0, gamma_q=None, gamma_k=None, log_eps=0.0):
-    """ACP's threshold and (lo, hi) tables on ACP's grid in one or two launches: for ``mode="norms"`` the
-    partial max q / k norms (``_acp_norms_kernel``), then ``_acp_tables_kernel`` (threshold, float64 cumsum,
-    linear two-pointer walks). Returns (lo, hi, delta (B, H) fp32). ``acp.acp_threshold`` and
-    ``acp._tables_torch`` are the PyTorch equivalents (tests compare them)."""
+    """ACP's threshold and (lo, hi) tables on ACP's grid in three or four launches, each parallel over (batch,
+    head) and positions: for ``mode="norms"`` the partial max q / k norms (``_acp_norms_kernel``); chunk-local
+    float64 cumsums of log f (``_acp_cumsum_kernel``); the threshold and lo (``_acp_lo_kernel``); hi from lo
+    (``_acp_hi_kernel``). Returns (lo, hi, delta (B, H) fp32). ``acp.acp_threshold`` and ``acp._tables_torch``
+    are the PyTorch equivalents (tests compare them)."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     block_d = max(16, _next_pow2(D))
     GM, GN = _acp_grid(block_d)
-    lo = torch.empty((B * H, _cdiv(Tq, GM)), device=lf.device, dtype=torch.int32)
-    hi = torch.empty((B * H, _cdiv(Tk, GN)), device=lf.device, dtype=torch.int32)
-    c = torch.empty((B * H, Tk), device=lf.device, dtype=torch.float64)
+    nq, nk = _cdiv(Tq, GM), _cdiv(Tk, GN)
+    lo = torch.empty((B * H, nq), device=lf.device, dtype=torch.int32)
+    hi = torch.empty((B * H, nk), device=lf.device, dtype=torch.int32)
     out = torch.empty((B, H), device=lf.device, dtype=torch.float32)
     from . import triton_kernels as tk
 
     gq = gk = norms = out  # dummy pointers where unused
     sgq = sgk = 0
-    gk_div, nch = 1, 1
+    gk_div, nch_norms = 1, 1
     if mode == "weights":
         gq, gk = gamma_q.contiguous(), gamma_k.contiguous()
         sgq, sgk = (D if g.dim() == 2 else 0 for g in (gq, gk))
         gk_div = H // Hkv if gk.dim() == 2 and gk.shape[0] == Hkv else 1
     elif mode == "norms":
         rows = 16 if _interpreting() else 128
-        nch = max(1, min(_cdiv(max(Tq, Tk), rows), _ACP_NORM_CHUNKS))  # a program strides over its chunks
-        norms = torch.empty((B * (H + Hkv), nch), device=lf.device, dtype=torch.float32)
-        tk._acp_norms_kernel[(B * (H + Hkv), nch)](
+        nch_norms = max(1, min(_cdiv(max(Tq, Tk), rows), _ACP_NORM_CHUNKS))  # a program strides over its chunks
+        norms = torch.empty((B * (H + Hkv), nch_norms), device=lf.device, dtype=torch.float32)
+        tk._acp_norms_kernel[(B * (H + Hkv), nch_norms)](
             q, k, norms, B, H, Hkv, Tq, Tk, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-            k.stride(2), nch, HEAD_DIM=D, BLOCK_D=block_d, ROWS=rows, num_warps=4)
-    tk._acp_tables_kernel[(B * H,)](
-        lf, out if delta is None else delta, out, c, lo, hi, gq, gk, norms, B, H, Hkv, H // Hkv, Tq, Tk,
-        lo.shape[1], hi.shape[1], sgq, sgk, gk_div, nch, D, float(thr_value), float(sm_scale), math.sqrt(D),
-        math.log(max(Tk, 1)), float(log_eps), GM=GM, GN=GN,
-        CHUNK=64 if _interpreting() else 1024, VEC=16 if _interpreting() else 64, MODE=_ACP_MODES[mode],
-        BLOCK_D=block_d, num_warps=4,
-    )
+            k.stride(2), nch_norms, HEAD_DIM=D, BLOCK_D=block_d, ROWS=rows, num_warps=4)
+    # c = cumsum(log f) in chunks of P positions (a multiple of SUB), at most _ACP_CUMSUM_CHUNKS of them, so that
+    # the lo kernel adds the totals of the chunks before a position from one vector of registers
+    hp = _next_pow2(H)
+    sub = max(1, (64 if _interpreting() else 4096) // hp)
+    p = sub * max(1, _cdiv(_cdiv(Tk, _ACP_CUMSUM_CHUNKS), sub))
+    nch = _cdiv(Tk, p)
+    c = torch.empty((B, Tk, H), device=lf.device, dtype=torch.float64)
+    tot = torch.empty((B, max(nch, 1), H), device=lf.device, dtype=torch.float64)
+    if B * nch > 0:
+        tk._acp_cumsum_kernel[(B, nch)](lf, c, tot, H, Tk, p, nch, SUB=sub, HP=hp, num_warps=4)
+    vec = 16 if _interpreting() else _ACP_VEC
+    tk._acp_lo_kernel[(B * H, max(1, _cdiv(nq, vec)))](  # (with no query blocks: the threshold only)
+        c, tot, out if delta is None else delta, out, lo, gq, gk, norms, B, H, Hkv, H // Hkv, Tq, Tk, nq, nk, p,
+        nch, sgq, sgk, gk_div, nch_norms, D, float(thr_value), float(sm_scale), math.sqrt(D),
+        math.log(max(Tk, 1)), float(log_eps), GM=GM, GN=GN, VEC=vec, NCHP=_next_pow2(nch),
+        MODE=_ACP_MODES[mode], BLOCK_D=block_d, num_warps=4)
+    if nk > 0:
+        tk._acp_hi_kernel[(B * H, _cdiv(nk, vec))](lo, hi, nq, nk, VEC=vec, num_warps=4)
     return lo, hi, out
 
 

@@ -624,73 +624,125 @@ def _acp_threshold(DELTA_IN, GQ, GK, NORMS, pid, b, h, B, H, HKV, GROUP, sgq, sg
 
 
 @triton.jit
-def _acp_tables_kernel(LF, DELTA_IN, DELTA, C, LO, HI, GQ, GK, NORMS, B, H, HKV, GROUP, Tq, Tk, NQ, NK,
-                       sgq, sgk, gk_div, NCH, D, thr_value, sm_scale, sqrt_d, log_tk, log_eps,
-                       GM: tl.constexpr, GN: tl.constexpr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                       MODE: tl.constexpr, BLOCK_D: tl.constexpr):
-    """ACP pruning boundaries on the (GM x GN) grid for one (b, h), in one launch and linear time.
+def _acp_cumsum_kernel(LF, C, TOT, H, Tk, P, NCH, SUB: tl.constexpr, HP: tl.constexpr):
+    """Phase 1 of ACP's tables: chunk-local float64 cumulative sums of log f, all heads of one (b, chunk of P
+    positions) per program (grid (B, NCH)), in sub-tiles of SUB positions with a carry.
+    C[b, t, h] = sum of LF[b, s, h] over s from the chunk's start to t; TOT[b, chunk, h] = C at the chunk's last
+    position (the same value, so c at a chunk's end and the next chunk's carry agree). LF, C (B, Tk, H), TOT
+    (B, NCH, H) contiguous."""
+    b = tl.program_id(0)
+    ch = tl.program_id(1)
+    offs_t = tl.arange(0, SUB)
+    offs_h = tl.arange(0, HP)
+    h_ok = offs_h < H
+    t_end = tl.minimum(ch * P + P, Tk)
+    carry = tl.zeros([HP], dtype=tl.float64)
+    for t0 in range(ch * P, t_end, SUB):
+        t = t0 + offs_t
+        ok = (t < t_end)[:, None] & h_ok[None, :]
+        idx = (b.to(tl.int64) * Tk + t)[:, None] * H + offs_h[None, :]
+        cs = tl.cumsum(tl.load(LF + idx, mask=ok, other=0.0).to(tl.float64), 0) + carry[None, :]
+        tl.store(C + idx, cs, mask=ok)
+        last = tl.minimum(t_end - t0, SUB) - 1  # the sub-tile's last valid row
+        carry = tl.sum(tl.where((offs_t == last)[:, None], cs, 0.0), 0)
+    tl.store(TOT + (b.to(tl.int64) * NCH + ch) * H + offs_h, carry, mask=h_ok)
 
-    Phase 0 forms the threshold (``_acp_threshold``) and writes it to DELTA (B*H,) fp32.
-    Phase 1 writes c = cumsum(log f) in float64 to the scratch C (B*H, Tk): chunk-local ``tl.cumsum`` plus a
-    float64 carry. Phase 2 is the ACP paper's Algorithm 1 (a two-pointer walk: the boundary only moves right
-    as the query block moves down), vectorised over tiles: VEC query blocks are compared with a window of VEC
-    key blocks at a time, and the window only moves forward, so it costs O((NQ + NK) / VEC) vector steps.
-    LO[m] = number of leading key blocks n pruned for query block m (``c[m0] - c[end_n] < delta``), capped
-    so that the block holding the query block's first row is never pruned (every row keeps its diagonal).
-    Phase 3 derives HI[n] = last query block m with LO[m] <= n from LO by the same walk, so the forward and
-    both backward kernels prune exactly one region. LF (B, Tk, H) contiguous; DELTA_IN / DELTA (B*H,) float32.
-    """
+
+@triton.jit
+def _acp_c(C, ps, b, h, t, H, Tk, P):
+    """c_t = sum of log f over [0, t] (float64) at the positions t (a vector) of one (b, h): the chunk-local sum
+    of ``_acp_cumsum_kernel`` plus ``ps``, the (b, h)'s exclusive prefix sums of the chunk totals (a register
+    vector, the same in every program, so c_t is an exact function of t)."""
+    return tl.load(C + (b.to(tl.int64) * Tk + t) * H + h) + tl.gather(ps, t // P, 0)
+
+
+@triton.jit
+def _acp_lo_kernel(C, TOT, DELTA_IN, DELTA, LO, GQ, GK, NORMS, B, H, HKV, GROUP, Tq, Tk, NQ, NK, P, NCH,
+                   sgq, sgk, gk_div, NCHN, D, thr_value, sm_scale, sqrt_d, log_tk, log_eps,
+                   GM: tl.constexpr, GN: tl.constexpr, VEC: tl.constexpr, NCHP: tl.constexpr,
+                   MODE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Phase 2 of ACP's tables: the threshold and LO for VEC query blocks of one (b, h) per program (grid
+    (B*H, cdiv(NQ, VEC))). LO[m] = number of leading key blocks n pruned for query block m
+    (``c[m0] - c[end_n] < delta``; a prefix of the key blocks, as c is non-increasing), capped so that the block
+    holding the query block's first row is never pruned (every row keeps its diagonal). The window's first query
+    block finds its count by a VEC-ary search (each step probes VEC evenly spaced key blocks: log_VEC(NK) steps);
+    then the ACP paper's two-pointer walk (Algorithm 1), vectorised: the window's VEC query blocks are compared
+    with VEC key blocks at a time, moving forward while some query block prunes them all. Program (pid, 0) also
+    writes the threshold (``_acp_threshold``) to DELTA (B*H,) fp32."""
     pid = tl.program_id(0)
+    w = tl.program_id(1)
     b = pid // H
     h = pid % H
     off = Tk - Tq
-    C_base = C + pid.to(tl.int64) * Tk
-    LO_base = LO + pid.to(tl.int64) * NQ
-    offs = tl.arange(0, CHUNK)
-    carry = tl.sum(tl.zeros([CHUNK], dtype=tl.float64), 0)
-    for t0 in range(0, Tk, CHUNK):
-        t = t0 + offs
-        x = tl.load(LF + (b.to(tl.int64) * Tk + t) * H + h, mask=t < Tk, other=0.0)
-        tl.store(C_base + t, tl.cumsum(x, 0).to(tl.float64) + carry, mask=t < Tk)
-        carry += tl.sum(x.to(tl.float64), 0)
-    tl.debug_barrier()
-    delta32 = _acp_threshold(DELTA_IN, GQ, GK, NORMS, pid, b, h, B, H, HKV, GROUP, sgq, sgk, gk_div, NCH, D,
+    delta32 = _acp_threshold(DELTA_IN, GQ, GK, NORMS, pid, b, h, B, H, HKV, GROUP, sgq, sgk, gk_div, NCHN, D,
                              thr_value, sm_scale, sqrt_d, log_tk, log_eps, MODE, BLOCK_D, VEC)
-    tl.store(DELTA + pid, delta32)
+    if w == 0:
+        tl.store(DELTA + pid, delta32)
     delta = delta32.to(tl.float64)
-    v = tl.arange(0, VEC)
-    # LO: rows = query blocks, columns = a window of key blocks starting at p
-    p = 0
-    for q0 in range(0, NQ, VEC):
-        mq = q0 + v
+    if NQ > 0:  # (else this launch only writes the threshold)
+        chs = tl.arange(0, NCHP)
+        tot = tl.load(TOT + (b.to(tl.int64) * NCH + chs) * H + h, mask=chs < NCH, other=0.0)
+        ps = tl.cumsum(tot, 0) - tot  # (NCHP,) the totals of the chunks before each chunk
+        v = tl.arange(0, VEC)
+        mq = w * VEC + v
         q_ok = mq < NQ
-        thr = tl.load(C_base + tl.minimum(off + mq * GM, Tk - 1), mask=q_ok, other=0.0) - delta
+        thr = _acp_c(C, ps, b, h, tl.minimum(off + mq * GM, Tk - 1), H, Tk, P) - delta
+        thr0 = tl.sum(tl.where(v == 0, thr, 0.0), 0)  # the window's first query block
+        # VEC-ary search for the first query block's count: it lies in [lo, hi]
+        lo = 0
+        hi = NK
+        while hi - lo > VEC:
+            step = (hi - lo + VEC - 1) // VEC
+            nk = lo + v * step
+            ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
+            k = tl.sum(((ce > thr0) & (nk < hi)).to(tl.int32), 0)  # probes 0..k-1 pruned, k.. kept
+            hi = tl.minimum(lo + k * step, hi)
+            lo = tl.where(k > 0, lo + (k - 1) * step + 1, lo)
+        p = lo
         cnt = tl.zeros([VEC], dtype=tl.int32) + p
         more = p >= 0  # always true; a tensor so the loop-carried type is stable
         while more:
             nk = p + v
-            ce = tl.load(C_base + tl.minimum(nk * GN + GN - 1, Tk - 1), mask=nk < NK, other=float("-inf"))
+            ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
+            ce = tl.where(nk < NK, ce, float("-inf"))
             add = tl.sum((ce[None, :] > thr[:, None]).to(tl.int32), 1)  # pruned: c[m0] - c[end_n] < delta
             cnt += add
             more = (tl.max(tl.where(q_ok, add, 0), 0) == VEC) & (p + VEC < NK)
             if more:
                 p += VEC
         cnt = tl.minimum(cnt, (off + mq * GM) // GN)
-        tl.store(LO_base + mq, cnt, mask=q_ok)
-    tl.debug_barrier()
-    # HI: rows = key blocks, columns = a window of query blocks starting at p
-    p = 0
-    for n0 in range(0, NK, VEC):
-        nk = n0 + v
-        k_ok = nk < NK
-        cnt = tl.zeros([VEC], dtype=tl.int32) + p
-        more = p >= 0  # always true; a tensor so the loop-carried type is stable
-        while more:
-            mq = p + v
-            lo = tl.load(LO_base + mq, mask=mq < NQ, other=2147483647)
-            add = tl.sum((lo[None, :] <= nk[:, None]).to(tl.int32), 1)  # key block n visible to query block m
-            cnt += add
-            more = (tl.max(tl.where(k_ok, add, 0), 0) == VEC) & (p + VEC < NQ)
-            if more:
-                p += VEC
-        tl.store(HI + pid.to(tl.int64) * NK + nk, cnt - 1, mask=k_ok)
+        tl.store(LO + pid.to(tl.int64) * NQ + mq, cnt, mask=q_ok)
+
+
+@triton.jit
+def _acp_hi_kernel(LO, HI, NQ, NK, VEC: tl.constexpr):
+    """Phase 3 of ACP's tables: HI[n] = last query block m with LO[m] <= n (-1 if none), for VEC key blocks of
+    one (b, h) per program (grid (B*H, cdiv(NK, VEC))), derived from LO (non-decreasing) by the same search and
+    walk, so the forward and both backward kernels prune exactly one region."""
+    pid = tl.program_id(0)
+    w = tl.program_id(1)
+    LO_base = LO + pid.to(tl.int64) * NQ
+    v = tl.arange(0, VEC)
+    nk = w * VEC + v
+    k_ok = nk < NK
+    n0 = w * VEC
+    lo = 0
+    hi = NQ
+    while hi - lo > VEC:
+        step = (hi - lo + VEC - 1) // VEC
+        mq = lo + v * step
+        k = tl.sum(((tl.load(LO_base + mq, mask=mq < hi, other=2147483647) <= n0) & (mq < hi)).to(tl.int32), 0)
+        hi = tl.minimum(lo + k * step, hi)
+        lo = tl.where(k > 0, lo + (k - 1) * step + 1, lo)
+    p = lo
+    cnt = tl.zeros([VEC], dtype=tl.int32) + p
+    more = p >= 0  # always true; a tensor so the loop-carried type is stable
+    while more:
+        mq = p + v
+        lo_m = tl.load(LO_base + mq, mask=mq < NQ, other=2147483647)
+        add = tl.sum((lo_m[None, :] <= nk[:, None]).to(tl.int32), 1)  # key block n visible to query block m
+        cnt += add
+        more = (tl.max(tl.where(k_ok, add, 0), 0) == VEC) & (p + VEC < NQ)
+        if more:
+            p += VEC
+    tl.store(HI + pid.to(tl.int64) * NK + nk, cnt - 1, mask=k_ok)

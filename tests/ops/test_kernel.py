@@ -400,10 +400,14 @@ def test_acp_bad_threshold():
         forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=torch.zeros(2, 2))
 
 
-@pytest.mark.parametrize("Tq,Tk", [(100, 100), (37, 230), (1, 64), (300, 700)])
-def test_acp_boundary_kernel_matches_searchsorted(Tq, Tk):
-    """The kernel's two-pointer walk (windows of 16 blocks under the interpreter; (300, 700) needs several)
-    equals torch.searchsorted; one threshold is positive (only the diagonal cap keeps keys)."""
+@pytest.mark.parametrize("Tq,Tk,chunks", [(100, 100, 64), (37, 230, 64), (1, 64, 64), (300, 700, 64), (300, 700, 3),
+                                           (290, 4500, 5)])
+def test_acp_boundary_kernels_match_searchsorted(monkeypatch, Tq, Tk, chunks):
+    """The table kernels (windows of 16 blocks under the interpreter: (300, 700) needs several windows and a
+    16-ary search step, (290, 4500) two steps; the cumsum in at most ``chunks`` chunks of positions, each of
+    several sub-tiles when few) equal torch.searchsorted; one threshold is positive (only the diagonal cap keeps
+    keys)."""
+    monkeypatch.setattr(fa, "_ACP_CUMSUM_CHUNKS", chunks)
     g = torch.Generator().manual_seed(Tk)
     lf = -torch.rand(2, Tk, 3, generator=g) * torch.tensor([2.0, 0.3, 1e-3])
     delta = -torch.rand(2, 3, generator=g) * 20 - 1
