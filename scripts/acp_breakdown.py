@@ -121,40 +121,54 @@ def backward_ab(shapes, rounds):
             os.environ["FOX_FUSED_BWD"] = saved
 
 
-def host_cost(n=200):
-    """Host-side cost of one call on inputs too small to keep the GPU busy (B1 T256 H2 D64): wall time per call
-    of dense / ACP fwd and fwd+bwd, then a cProfile of ACP fwd+bwd calls (the 25 costliest functions)."""
+def host_cost(n=10, reps=15):
+    """Host-side cost of one call (wall time per call of ``n`` back-to-back calls, the median of ``reps`` timings;
+    the GPU is not waited for within them): dense / ACP fwd and fwd+bwd at B1 T256 H2 D64 (too small to keep the
+    GPU busy) and at S1, fwd+bwd with autograd's default multithreaded backward (a CUDA backward runs on autograd's
+    device thread) and single-threaded (``torch.autograd.set_multithreading_enabled(False)``: it runs on the
+    calling thread); then a cProfile of ACP fwd+bwd calls at S1 (the 25 costliest functions)."""
     import cProfile
     import pstats
+    import statistics
     import time
 
     import torch
 
-    (q, k, v, lf), w = acp_inputs(1, 256, 2, 64, local_heads=1)
-    q, k, v, lf = (t.detach().requires_grad_() for t in (q, k, v, lf))
-    do = torch.randn_like(q)
-    calls = {"dense": lambda: forgetting_attention(q, k, v, lf),
-             "acp": lambda: forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))}
-    for name, fn in calls.items():
-        for bwd in (False, True):
-            def step():
-                if bwd:
-                    torch.autograd.grad(fn(), (q, k, v, lf), do)
-                else:
-                    with torch.no_grad():
-                        fn()
-            for _ in range(20):
-                step()
+    def per_call(step):
+        for _ in range(3):
+            step()
+        ts = []
+        for _ in range(reps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(n):
                 step()
+            ts.append((time.perf_counter() - t0) / n * 1e6)
             torch.cuda.synchronize()
-            print(f"host: {name} {'fwd+bwd' if bwd else 'fwd'} {(time.perf_counter() - t0) / n * 1e6:.0f} us/call",
-                  flush=True)
+        return statistics.median(ts)
+
+    for shape in ("B1 T256 H2 D64", "S1"):
+        B, T, H, D = (1, 256, 2, 64) if shape != "S1" else SHAPES["S1"]
+        (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=max(1, H // 2))
+        q, k, v, lf = (t.detach().requires_grad_() for t in (q, k, v, lf))
+        do = torch.randn_like(q)
+        calls = {"dense": lambda: forgetting_attention(q, k, v, lf),
+                 "acp": lambda: forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))}
+        for name, fn in calls.items():
+            def fwd():
+                with torch.no_grad():
+                    fn()
+
+            def fwd_bwd(threads):
+                with torch.autograd.set_multithreading_enabled(threads):
+                    torch.autograd.grad(fn(), (q, k, v, lf), do)
+
+            t = [per_call(fwd), per_call(lambda: fwd_bwd(True)), per_call(lambda: fwd_bwd(False))]
+            print(f"host {shape} {name}: fwd {t[0]:.0f} us/call, fwd+bwd {t[1]:.0f} us/call (backward on autograd's "
+                  f"device thread), {t[2]:.0f} us/call (on the calling thread)", flush=True)
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(n):
+    for _ in range(200):
         torch.autograd.grad(calls["acp"](), (q, k, v, lf), do)
     torch.cuda.synchronize()
     prof.disable()

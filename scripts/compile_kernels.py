@@ -31,8 +31,9 @@ F32, BF16, I32 = "*fp32", "*bf16", "*i32"
 POINTERS = dict(
     Q=BF16, K=BF16, V=BF16, O=BF16, DO=BF16, DQ=BF16, DK=BF16, DV=BF16, LF=F32, PK=F32, PQ=F32, LSE=F32,
     DELTA=F32, DQ32=F32, RS8=F32, Z=F32, DROW=F32, DCOL=F32, DLF=F32, KSTART=I32, KEND=I32, LO_BLK=I32, HI_BLK=I32,
-    S="*fp64",
+    S="*fp64", C="*fp64", TOT="*fp64", DELTA_IN=F32, LO=I32, HI=I32, GQ=F32, GK=F32, NORMS=F32,
 )
+FLOATS = {"sm_scale", "thr_value", "sqrt_d", "log_tk", "log_eps"}  # fp32 scalar arguments
 
 
 SHARED_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes per block (opt-in maximum)
@@ -56,7 +57,12 @@ def cases(quick=False):
     out += [("_block_prefix_kernel", dict(CHUNK=128, QUERY_SIDE=True, KEY_SIDE=True, H=1), 4, 3),
             ("_block_prefix_kernel", dict(CHUNK=128, QUERY_SIDE=True, KEY_SIDE=False, H=1), 4, 3),
             ("_bwd_fused_setup_kernel", dict(HEAD_DIM=64, BLOCK_D=64, ROWS=64), 4, 3),
-            ("_dlogf_sums_kernel", dict(CHUNK=1024), 4, 3), ("_dlogf_kernel", dict(CHUNK=1024, VEC=128), 4, 3)]
+            ("_dlogf_sums_kernel", dict(CHUNK=1024), 4, 3),
+            ("_dlogf_kernel", dict(CHUNK=1024, VEC=128, ROUND_DQ=True, HEAD_DIM=64, BLOCK_D=64), 4, 3),
+            # ACP's tables (float64 scans, tl.gather), as _acp_launch launches them at 16 heads
+            ("_acp_cumsum_kernel", dict(SUB=256, HP=16), 4, 3),
+            ("_acp_lo_kernel", dict(GM=64, GN=64, VEC=32, NCHP=128, MODE=2, BLOCK_D=64), 4, 3),
+            ("_acp_hi_kernel", dict(VEC=32), 4, 3)]
     return out
 
 
@@ -78,7 +84,7 @@ def compile_one(fn, consts, arch, num_warps, num_stages):
 
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     consts.update({k: 1 for k in ONES if k in fn.arg_names and k not in consts})
-    sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n == "sm_scale" else "i32")
+    sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n in FLOATS else "i32")
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n] != "constexpr" and n not in NOT_ALIGNED and sig[n] != "fp32"}

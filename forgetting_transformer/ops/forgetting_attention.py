@@ -488,42 +488,43 @@ def _use_fused_bwd(q, k, v, do, o):
             and _use_sm90(q, k, v, _SM90_FUSED_CONFIGS, do, o))
 
 
-def _bwd_fused_setup(o, do, pq, lse, block_m):
+def _bwd_fused_setup(o, do, lf, lse, block_m):
     """The one-kernel backward's set-up in one launch (``_bwd_fused_setup_kernel``; o and dO contiguous, same
-    shape (B, Tq, H, D); pq from ``_block_prefix``, lse (B, H, Tq) from the forward; query tiles of ``block_m`` rows):
-    delta = rowsum(o * dO), (B, H, Tq) fp32; z = (block-local prefix sums of log f) * log2(e) - lse, the query
-    side of each tile's scores, (B*H, SVR) fp32 with rows padded to SVR = Tq rounded up to 4 (a TMA copy starts
-    at a 16-byte boundary; the padding is not written); and the zeroed fp32 accumulators of the kernel's
-    reduce-adds, for dq (B, Tq, H, D) and for the row sums of dS (B, Tq, H, 8)."""
+    shape (B, Tq, H, D); lf (B, Tk, H); lse (B, H, Tq) from the forward; query tiles of ``block_m`` rows):
+    delta = rowsum(o * dO), (B, H, Tq) fp32; pq, the block-local prefix sums of log f over the query rows in
+    blocks of ``block_m`` (``_block_prefix``'s plane for them), (B*H, Tq rounded up to block_m) fp32; z = pq *
+    log2(e) - lse, the query side of each tile's scores, (B*H, SVR) fp32 with rows padded to SVR = Tq rounded up
+    to 4 (a TMA copy starts at a 16-byte boundary; the padding is not written); and the zeroed fp32 accumulators
+    of the kernel's reduce-adds, for dq (B, Tq, H, D) and for the row sums of dS (B, Tq, H, 8)."""
     from . import triton_kernels as tk
 
     B, Tq, H, D = o.shape
     svr = _cdiv(Tq, 4) * 4
-    plane = (block_m >= 32) + (block_m >= 64) + (block_m >= 128)  # pq's plane for blocks of block_m rows
     delta = torch.empty((B, H, Tq), device=o.device, dtype=torch.float32)
+    pq = torch.empty((B * H, _cdiv(Tq, block_m) * block_m), device=o.device, dtype=torch.float32)
     z = torch.empty((B * H, svr), device=o.device, dtype=torch.float32)
     dq32 = torch.empty((B, Tq, H, D), device=o.device, dtype=torch.float32)
     rs8 = torch.empty((B, Tq, H, 8), device=o.device, dtype=torch.float32)
-    tk._bwd_fused_setup_kernel[(B * H, _cdiv(Tq, 64))](o, do, delta, dq32, rs8, pq[plane], lse, z, H, Tq,
-                                                      o.stride(0), o.stride(1), o.stride(2), pq.stride(1), svr,
-                                                      HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=64)
-    return delta, z, dq32, rs8
+    tk._bwd_fused_setup_kernel[(B * H, _cdiv(Tq, block_m))](
+        o, do, delta, dq32, rs8, lf, pq, lse, z, H, Tq, lf.shape[1], o.stride(0), o.stride(1), o.stride(2),
+        lf.stride(0), lf.stride(1), lf.stride(2), pq.stride(0), svr, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)),
+        ROWS=block_m)
+    return delta, pq, z, dq32, rs8
 
 
-def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None, acp_tables=None):
+def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None, acp_tables=None, round_dq=True):
     """The dense causal backward as one warp-specialised Gluon kernel
     (``gluon_kernels.fox_bwd_fused_sm90_kernel``; Hopper only): (dq, dk, dv, drow, dcol) as ``_bwd_dq`` and
     ``_bwd_dkdv`` give them (dense, or with ACP's ``acp_tables``), dq the fp32 accumulator of the kernel's
-    reduce-adds rounded once to q's dtype, drow and dcol the sums of the 16-bit dS (not bitwise reproducible: the
-    adds' order varies)."""
+    reduce-adds rounded once to q's dtype (``round_dq=False``: left in fp32, for ``_bwd_dlogf`` to round in its
+    launch), drow and dcol the sums of the 16-bit dS (not bitwise reproducible: the adds' order varies)."""
     from . import gluon_kernels as gk
 
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     bm, keys, stages, slots = config or _SM90_FUSED_CONFIGS[D]
     q, k, v, do, o = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous(), o.contiguous()
-    _, pq = _block_prefix(lf, Tq, key_side=False)
-    delta, z, dq32, rs8 = _bwd_fused_setup(o, do, pq, lse, bm)
+    delta, pq, z, dq32, rs8 = _bwd_fused_setup(o, do, lf, lse, bm)
     svr = z.shape[1]  # a TMA copy starts at a 16-byte boundary: rows of z and delta padded to 4 floats
     vec = functools.partial(_query_vec, rows=svr, block=bm)
     zd = vec(z, rows=None)  # (the kernel reads z in place of PQ and LSE)
@@ -533,13 +534,14 @@ def _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None, acp_tables=N
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
     gk.fox_bwd_fused_sm90_kernel[(B * Hkv, _cdiv(Tk, 2 * keys))](
         _tma_desc(q, bm), _tma_desc(do, bm), _tma_desc(k, keys), _tma_desc(v, keys), zd, zd,
-        vec(delta), _tma_desc(dq32, bm), _tma_desc(rs8, bm), lf, pq, dk, dv, dcol,
-        lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), *pq.stride()[:2], svr,
+        vec(delta), _tma_desc(dq32, bm), _tma_desc(rs8, bm), lf, pq, dk, dv, dcol,  # (pq: one plane, stride 0)
+        lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), 0, pq.stride(0), svr,
         H, H // Hkv, Tq, Tk, sm_scale,
         dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
         *_acp_args(acp_tables, max(16, _next_pow2(D)))[1:], NUM_STAGES=stages, DQ_SLOTS=slots, num_warps=4,
         maxnreg=_sm90_maxnreg(8))
-    return dq32.to(q.dtype), dk, dv, rs8[..., 0], dcol  # (drow: a strided view, which _bwd_dlogf reads)
+    # (drow: a strided view, which _bwd_dlogf reads; dq32 rounded by the caller, or by _bwd_dlogf with d log f)
+    return (dq32.to(q.dtype) if round_dq else dq32), dk, dv, rs8[..., 0], dcol
 
 
 def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None):
@@ -549,8 +551,10 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
     do = do.contiguous()
     o = o.contiguous()
     if kstart is None and kend is None and _use_fused_bwd(q, k, v, do, o):
-        dq, dk, dv, drow, dcol = _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, acp_tables=acp_tables)
-        return dq, dk, dv, _bwd_dlogf(drow, dcol)
+        dq32, dk, dv, drow, dcol = _bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, acp_tables=acp_tables,
+                                                   round_dq=False)
+        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)  # (rounded from dq32 by the d log f launch)
+        return dq, dk, dv, _bwd_dlogf(drow, dcol, dq32, dq)
     pk, pq = _block_prefix(lf, Tq)
     # the dq kernel also computes delta = rowsum(o * do) for the dk/dv kernel
     if kstart is None and _use_sm90(q, k, v, _SM90_DQ_CONFIGS, do, o):
@@ -564,11 +568,13 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
     return dq, dk, dv, _bwd_dlogf(drow, dcol)
 
 
-def _bwd_dlogf(drow, dcol):
+def _bwd_dlogf(drow, dcol, dq32=None, dq=None):
     """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc, in two
     launches over chunks of positions (``_dlogf_sums_kernel``: the chunks' float64 sums; ``_dlogf_kernel``: each
     chunk's local cumsum plus the sum of the chunks after it). dcol (B, Tk, H) contiguous; drow (B, Tq, H) with
-    strides (Tq*H*s, H*s, s): contiguous, or a column of the one-kernel backward's (B, Tq, H, 8) row sums."""
+    strides (Tq*H*s, H*s, s): contiguous, or a column of the one-kernel backward's (B, Tq, H, 8) row sums. With
+    ``dq32`` (the one-kernel backward's fp32 accumulator, (B, Tq, H, D) contiguous) the second launch also
+    rounds it into ``dq`` (same shape, q's dtype)."""
     B, Tq, H = drow.shape
     Tk = dcol.shape[1]
     sr = drow.stride(2)
@@ -579,9 +585,12 @@ def _bwd_dlogf(drow, dcol):
     dlf = torch.empty_like(dcol)
     from . import triton_kernels as tk
 
+    round_dq = dq32 is not None
+    D = dq32.shape[-1] if round_dq else 16
     tk._dlogf_sums_kernel[(B * H, nch)](drow, dcol, sums, H, Tq, Tk, nch, sr, CHUNK=chunk)
-    tk._dlogf_kernel[(B * H, nch)](drow, dcol, sums, dlf, H, Tq, Tk, nch, sr, CHUNK=chunk,
-                                   VEC=16 if _interpreting() else 128)
+    tk._dlogf_kernel[(B * H, nch)](drow, dcol, sums, dlf, dq32 if round_dq else dlf, dq if round_dq else dlf, H,
+                                   Tq, Tk, nch, sr, CHUNK=chunk, VEC=16 if _interpreting() else 128,
+                                   ROUND_DQ=round_dq, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)))
     return dlf
 
 

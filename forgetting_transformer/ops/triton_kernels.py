@@ -505,14 +505,15 @@ def _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, sr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _bwd_fused_setup_kernel(O, DO, DELTA, DQ32, RS8, PQ, LSE, Z, H, Tq, sob, sot, soh, spr, svr,
-                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
+def _bwd_fused_setup_kernel(O, DO, DELTA, DQ32, RS8, LF, PQ, LSE, Z, H, Tq, Tk, sob, sot, soh, slb, slt, slh, spr,
+                            svr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     """The one-kernel Gluon backward's set-up in one launch: delta = rowsum(o * dO) in fp32 (the dq kernels form it
     otherwise); the zeroed accumulators of its reduce-adds, DQ32 (B, Tq, H, HEAD_DIM) and RS8 (B, Tq, H, 8),
-    contiguous; and Z = PQ * log2(e) - LSE, the query side of a tile's scores in base 2 (PQ: the block-local
-    prefix sums of log f over the query rows for the kernel's tiles, rows of stride ``spr``; LSE (B*H, Tq)), into
-    (B*H, svr) rows. O and DO share contiguous (B, Tq, H, HEAD_DIM) strides; DELTA (B*H, Tq). Grid
-    (B*H, cdiv(Tq, ROWS))."""
+    contiguous; PQ, the block-local prefix sums of log f over the query rows in blocks of ROWS (the kernel's query
+    tiles; rows of stride ``spr``, every block written whole: rows past Tq count as log f = 0, so a block's last
+    entry is its total), as ``_block_prefix_kernel``'s plane for ROWS; and Z = PQ * log2(e) - LSE, the query side
+    of a tile's scores in base 2 (LSE (B*H, Tq)), into (B*H, svr) rows. O and DO share contiguous
+    (B, Tq, H, HEAD_DIM) strides; DELTA (B*H, Tq); LF (B, Tk, H) strided. Grid (B*H, cdiv(Tq, ROWS))."""
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
@@ -528,7 +529,10 @@ def _bwd_fused_setup_kernel(O, DO, DELTA, DQ32, RS8, PQ, LSE, Z, H, Tq, sob, sot
     offs_8 = tl.arange(0, 8)
     tl.store(RS8 + row_q[:, None] * 8 + offs_8[None, :], tl.zeros([ROWS, 8], tl.float32),
              mask=(rows < Tq)[:, None])
-    pq = tl.load(PQ + pid.to(tl.int64) * spr + rows, mask=rows < Tq, other=0.0)
+    lf = tl.load(LF + b.to(tl.int64) * slb + h.to(tl.int64) * slh + (Tk - Tq + rows) * slt, mask=rows < Tq,
+                 other=0.0)
+    pq = tl.cumsum(lf, 0)
+    tl.store(PQ + pid.to(tl.int64) * spr + rows, pq)
     lse = tl.load(LSE + pid.to(tl.int64) * Tq + rows, mask=rows < Tq, other=0.0)
     tl.store(Z + pid.to(tl.int64) * svr + rows, pq * 1.4426950408889634 - lse, mask=rows < Tq)
 
@@ -544,11 +548,14 @@ def _dlogf_sums_kernel(DROW, DCOL, S, H, Tq, Tk, NCH, sr, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _dlogf_kernel(DROW, DCOL, S, DLF, H, Tq, Tk, NCH, sr, CHUNK: tl.constexpr, VEC: tl.constexpr):
+def _dlogf_kernel(DROW, DCOL, S, DLF, DQ32, DQ, H, Tq, Tk, NCH, sr, CHUNK: tl.constexpr, VEC: tl.constexpr,
+                  ROUND_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Grid (B*H, NCH): d log f_t = sum_{i >= t} (drow_i - dcol_i) over chunk c: the chunk-local fp32 reverse
     ``tl.cumsum`` plus a float64 carry, the sum of the later chunks' S (``_dlogf_sums_kernel``), so no value is
     differenced from a long fp32 sum and the chunks run in parallel (a serial carry over the chunks, one
-    program per (b, h), took 39 / 68 us at S2 / S4; these two launches 14 / 13). DLF (B, Tk, H) contiguous."""
+    program per (b, h), took 39 / 68 us at S2 / S4; these two launches 14 / 13). DLF (B, Tk, H) contiguous.
+    ROUND_DQ (the one-kernel backward): the program also rounds the fp32 dq accumulator DQ32 of its chunk's query
+    rows to DQ's dtype (both (B, Tq, H, HEAD_DIM) contiguous), which saves that launch."""
     pid = tl.program_id(0)
     c = tl.program_id(1)
     v = tl.arange(0, VEC)
@@ -560,6 +567,17 @@ def _dlogf_kernel(DROW, DCOL, S, DLF, H, Tq, Tk, NCH, sr, CHUNK: tl.constexpr, V
     dc, t, ok = _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, sr, CHUNK)
     out = tl.cumsum(dc, 0).to(tl.float64) + carry
     tl.store(DLF + (b.to(tl.int64) * Tk + t) * H + h, out.to(tl.float32), mask=ok)
+    if ROUND_DQ:
+        # query rows of the chunk's positions [Tk - (c+1)*CHUNK, Tk - c*CHUNK), at row = position - (Tk - Tq)
+        r_hi = Tq - c * CHUNK
+        r_lo = tl.maximum(r_hi - CHUNK, 0)
+        offs_r = tl.arange(0, 32)
+        offs_d = tl.arange(0, BLOCK_D)
+        for r0 in range(r_lo, r_hi, 32):
+            r = r0 + offs_r
+            idx = ((b.to(tl.int64) * Tq + r) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
+            m = (r < r_hi)[:, None] & (offs_d < HEAD_DIM)[None, :]
+            tl.store(DQ + idx, tl.load(DQ32 + idx, mask=m).to(DQ.dtype.element_ty), mask=m)
 
 
 @triton.jit

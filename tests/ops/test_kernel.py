@@ -178,37 +178,44 @@ def test_block_prefix_sums(Tq, Tk):
 def test_dlogf_scan(Tq, Tk, strided):
     """d log f = the reverse cumsum of drow - dcol (drow at the last Tq positions), in chunks of 64 under the
     interpreter that run in parallel with float64 carries, against float64 torch; every element written.
-    ``strided``: drow is column 0 of (B, Tq, H, 8) row sums, as the one-kernel backward leaves it."""
+    ``strided``: drow is column 0 of (B, Tq, H, 8) row sums, as the one-kernel backward leaves it, and the launch
+    also rounds that backward's fp32 dq accumulator (head dim 24) to fp16, equal to torch's rounding."""
     g = torch.Generator().manual_seed(Tk)
     drow, dcol = torch.randn(2, Tq, 3, generator=g), torch.randn(2, Tk, 3, generator=g)
+    dq32 = dq = None
     if strided:
         rs8 = torch.randn(2, Tq, 3, 8, generator=g) * 1e3  # (the other columns must not be read)
         rs8[..., 0] = drow
         drow = rs8[..., 0]
+        dq32, dq = torch.randn(2, Tq, 3, 24, generator=g) * 3, torch.empty(2, Tq, 3, 24, dtype=torch.float16)
     dc = -dcol.double()
     dc[:, Tk - Tq:] += drow.double()
     want = dc.flip(1).cumsum(1).flip(1)
-    got = fa._bwd_dlogf(drow, dcol)
+    got = fa._bwd_dlogf(drow, dcol, dq32, dq)
     assert (got.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    if strided:
+        assert torch.equal(dq, dq32.half())
 
 
-@pytest.mark.parametrize("Tq,D", [(1, 64), (67, 24), (300, 64)])
-def test_bwd_fused_setup(Tq, D):
+@pytest.mark.parametrize("Tq,Tk,D", [(1, 1, 64), (67, 67, 24), (300, 300, 64), (37, 230, 64)])
+def test_bwd_fused_setup(Tq, Tk, D):
     """The one-kernel backward's set-up launch (``_bwd_fused_setup_kernel``): delta = rowsum(o * dO), (B, H, Tq),
-    against float64 torch (partial row blocks, a head dim padded to a power of two); z = (the block-local prefix sums of
-    log f over 64-row query tiles) * log2(e) - lse, (B*H, Tq rounded up to 4), against float64 torch; and the
-    zeroed fp32 accumulators of its reduce-adds, dq (B, Tq, H, D) and the row sums (B, Tq, H, 8); every element
-    written (the buffers start poisoned)."""
+    against float64 torch (partial row blocks, a head dim padded to a power of two); pq, the block-local prefix
+    sums of log f over 64-row query tiles (queries at the last Tq of Tk positions; whole blocks, rows past Tq
+    adding 0), and z = pq * log2(e) - lse, (B*H, Tq rounded up to 4), against float64 torch; and the zeroed fp32
+    accumulators of its reduce-adds, dq (B, Tq, H, D) and the row sums (B, Tq, H, 8); every element written (the
+    buffers start poisoned)."""
     g = torch.Generator().manual_seed(Tq)
     o, do = (torch.randn(2, Tq, 3, D, generator=g) for _ in range(2))
-    lf = F.logsigmoid(torch.randn(2, Tq, 3, generator=g))
+    lf = F.logsigmoid(torch.randn(2, Tk, 3, generator=g))
     lse = torch.randn(2, 3, Tq, generator=g) * 5
     want = (o.double() * do.double()).sum(-1).permute(0, 2, 1)
-    _, pq = fa._block_prefix(lf, Tq, key_side=False)
-    delta, z, dq32, rs8 = fa._bwd_fused_setup(o, do, pq, lse, 64)
+    delta, pq, z, dq32, rs8 = fa._bwd_fused_setup(o, do, lf, lse, 64)
     assert delta.shape == (2, 3, Tq) and (delta.double() - want).abs().max() <= 1e-5 * want.abs().max()
-    x = F.pad(lf.permute(0, 2, 1).reshape(6, Tq).double(), (0, -Tq % 64))
-    want_z = x.view(6, -1, 64).cumsum(-1).view(6, -1)[:, :Tq] / math.log(2) - lse.reshape(6, Tq).double()
+    x = F.pad(lf[:, Tk - Tq:].permute(0, 2, 1).reshape(6, Tq).double(), (0, -Tq % 64))
+    want_pq = x.view(6, -1, 64).cumsum(-1).view(6, -1)
+    assert pq.shape == want_pq.shape and (pq.double() - want_pq).abs().max() <= 1e-5 * want_pq.abs().max()
+    want_z = want_pq[:, :Tq] / math.log(2) - lse.reshape(6, Tq).double()
     assert z.shape == (6, -(-Tq // 4) * 4)
     assert (z[:, :Tq].double() - want_z).abs().max() <= 1e-5 * want_z.abs().max()
     for name, t, shape in (("dq32", dq32, (2, Tq, 3, D)), ("rs8", rs8, (2, Tq, 3, 8))):
@@ -527,10 +534,10 @@ def test_kernels_compile_for_sm90(tmp_path):
     r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs", "--sass", str(tmp_path / "sass")],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    # 11 Triton kernels (the block prefix sums with and without the key side, the one-kernel backward's set-up)
-    # + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with ACP, and the one-kernel
-    # backward at 64 (dense and with ACP)
-    assert r.stdout.count(" ok (") == 22, r.stdout
+    # 14 Triton kernels (the block prefix sums with and without the key side, the one-kernel backward's set-up,
+    # ACP's three table kernels) + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with
+    # ACP, and the one-kernel backward at 64 (dense and with ACP)
+    assert r.stdout.count(" ok (") == 25, r.stdout
 
     def consts(line, *keys):
         return (int(re.search(rf"'{key}': (\d+)", line).group(1)) for key in keys)
