@@ -267,10 +267,13 @@ def bench_acp(shapes, profile_acp=False, rounds=3):
         import triton
 
         fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
-        prep = [triton.testing.do_bench(lambda: fa._acp_tables_for(q, k, lf, D ** -0.5, "auto", math.exp(-10), ws),
-                                        warmup=25, rep=100, return_mode="median") for ws in ((w, w), None)]
+        tables = [lambda ws=ws: fa._acp_tables_for(q, k, lf, D ** -0.5, "auto", math.exp(-10), ws)
+                  for ws in ((w, w), None)]
+        prep = [triton.testing.do_bench(t, warmup=25, rep=100, return_mode="median") for t in tables]
+        prep_graph = [graph_time(t) for t in tables]
         print(f"{sname} ACP threshold + boundary tables: {prep[0]:.3f} ms from QK-norm weights, {prep[1]:.3f} ms "
-              f"from the q / k norms", flush=True)
+              f"from the q / k norms (eager calls); from a CUDA graph {prep_graph[0] * 1e3:.1f} / "
+              f"{prep_graph[1] * 1e3:.1f} us", flush=True)
         if profile_acp:
             profile(acp, (q, k, v, lf), f"{sname} ACP fwd+bwd")
         rows.append((sname, (B, T, H, D), *res, res[0] / res[2], res[1] / res[3], gr[0] / gr[2], gr[1] / gr[3], tiles))
