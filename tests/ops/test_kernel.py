@@ -382,6 +382,23 @@ def test_acp_positive_threshold_keeps_the_diagonal():
     assert torch.isfinite(ours).all() and rel(ours, ref) <= RTOL
 
 
+@pytest.mark.parametrize("Tk", [0, 5])
+def test_acp_without_queries(Tk):
+    """No query rows (and no keys): the table launches have nothing to walk, the threshold is still formed; the
+    output is empty and the gradients are zeros of the inputs' shapes, for every kind of threshold."""
+    q, k, v, lf = make(2, 0, Tk, 2, 2, 16)
+    for xs in (q, k, v, lf):
+        xs.requires_grad_()
+    for thr in ("auto", -3.0, torch.full((2, 2), -3.0)):
+        for w in ((None, (torch.ones(16), torch.ones(16))) if thr == "auto" else (None,)):
+            o = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=thr, qk_norm_weights=w)
+            assert o.shape == q.shape
+            grads = torch.autograd.grad(o, (q, k, v, lf), torch.ones_like(o))
+            assert all(g.shape == x.shape and not g.any() for g, x in zip(grads, (q, k, v, lf))), (thr, w)
+    lo, hi, delta = fa._acp_tables_for(q, k, lf, 0.25, -3.0, math.exp(-10), None)
+    assert lo.shape == (4, 0) and torch.equal(hi, torch.full_like(hi, -1)) and torch.equal(delta, torch.full((2, 2), -3.0))
+
+
 def test_acp_auto_within_eps_bound():
     """'auto' threshold: |o_acp - o_dense| <= 2 eps max|v| (pruned weight per row <= eps)."""
     q, k, v, _ = make(1, 160, 160, 2, 2, 16)
