@@ -675,6 +675,14 @@ def _acp_c(C, ps, b, h, t, H, Tk, P):
 
 
 @triton.jit
+def _search_narrow(lo, hi, k, step):
+    """One step of the tables' VEC-ary search for a count that lies in [lo, hi]: of the probes lo + i * step
+    (those below hi), the first k passed (the passing ones are a prefix), so the count lies in
+    [lo + (k - 1) * step + 1, lo + k * step] (just lo when k = 0). Returns the narrowed (lo, hi)."""
+    return tl.where(k > 0, lo + (k - 1) * step + 1, lo), tl.minimum(lo + k * step, hi)
+
+
+@triton.jit
 def _acp_lo_kernel(C, TOT, DELTA_IN, DELTA, LO, GQ, GK, NORMS, B, H, HKV, GROUP, Tq, Tk, NQ, NK, P, NCH,
                    sgq, sgk, gk_div, NCHN, D, thr_value, sm_scale, sqrt_d, log_tk, log_eps,
                    GM: tl.constexpr, GN: tl.constexpr, VEC: tl.constexpr, NCHP: tl.constexpr,
@@ -714,8 +722,7 @@ def _acp_lo_kernel(C, TOT, DELTA_IN, DELTA, LO, GQ, GK, NORMS, B, H, HKV, GROUP,
             nk = lo + v * step
             ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
             k = tl.sum(((ce > thr0) & (nk < hi)).to(tl.int32), 0)  # probes 0..k-1 pruned, k.. kept
-            hi = tl.minimum(lo + k * step, hi)
-            lo = tl.where(k > 0, lo + (k - 1) * step + 1, lo)
+            lo, hi = _search_narrow(lo, hi, k, step)
         p = lo
         cnt = tl.zeros([VEC], dtype=tl.int32) + p
         more = p >= 0  # always true; a tensor so the loop-carried type is stable
@@ -750,8 +757,7 @@ def _acp_hi_kernel(LO, HI, NQ, NK, VEC: tl.constexpr):
         step = (hi - lo + VEC - 1) // VEC
         mq = lo + v * step
         k = tl.sum(((tl.load(LO_base + mq, mask=mq < hi, other=2147483647) <= n0) & (mq < hi)).to(tl.int32), 0)
-        hi = tl.minimum(lo + k * step, hi)
-        lo = tl.where(k > 0, lo + (k - 1) * step + 1, lo)
+        lo, hi = _search_narrow(lo, hi, k, step)
     p = lo
     cnt = tl.zeros([VEC], dtype=tl.int32) + p
     more = p >= 0  # always true; a tensor so the loop-carried type is stable
