@@ -568,6 +568,9 @@ def _bwd_launch(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, acp_tables=None
     return dq, dk, dv, _bwd_dlogf(drow, dcol)
 
 
+_DQ_ROUND_ROWS = 128  # rows of dq32 rounded per program of the d log f launch (32 KB at head dim 64)
+
+
 def _bwd_dlogf(drow, dcol, dq32=None, dq=None):
     """d c_t = (row sums of dS at query t) - (column sums of dS at key t); d log f = reverse cumsum of dc, in two
     launches over chunks of positions (``_dlogf_sums_kernel``: the chunks' float64 sums; ``_dlogf_kernel``: each
@@ -588,9 +591,10 @@ def _bwd_dlogf(drow, dcol, dq32=None, dq=None):
     round_dq = dq32 is not None
     D = dq32.shape[-1] if round_dq else 16
     tk._dlogf_sums_kernel[(B * H, nch)](drow, dcol, sums, H, Tq, Tk, nch, sr, CHUNK=chunk)
-    tk._dlogf_kernel[(B * H, nch)](drow, dcol, sums, dlf, dq32 if round_dq else dlf, dq if round_dq else dlf, H,
-                                   Tq, Tk, nch, sr, CHUNK=chunk, VEC=16 if _interpreting() else 128,
-                                   ROUND_DQ=round_dq, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)))
+    rows = min(chunk, _DQ_ROUND_ROWS)  # dq rows rounded per program: CHUNK // rows programs per chunk
+    tk._dlogf_kernel[(B * H, nch, chunk // rows if round_dq else 1)](
+        drow, dcol, sums, dlf, dq32 if round_dq else dlf, dq if round_dq else dlf, H, Tq, Tk, nch, sr, CHUNK=chunk,
+        VEC=16 if _interpreting() else 128, ROUND_DQ=round_dq, HEAD_DIM=D, BLOCK_D=max(16, _next_pow2(D)), ROWS=rows)
     return dlf
 
 

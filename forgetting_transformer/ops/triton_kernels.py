@@ -549,15 +549,29 @@ def _dlogf_sums_kernel(DROW, DCOL, S, H, Tq, Tk, NCH, sr, CHUNK: tl.constexpr):
 
 @triton.jit
 def _dlogf_kernel(DROW, DCOL, S, DLF, DQ32, DQ, H, Tq, Tk, NCH, sr, CHUNK: tl.constexpr, VEC: tl.constexpr,
-                  ROUND_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                  ROUND_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROWS: tl.constexpr):
     """Grid (B*H, NCH): d log f_t = sum_{i >= t} (drow_i - dcol_i) over chunk c: the chunk-local fp32 reverse
     ``tl.cumsum`` plus a float64 carry, the sum of the later chunks' S (``_dlogf_sums_kernel``), so no value is
     differenced from a long fp32 sum and the chunks run in parallel (a serial carry over the chunks, one
     program per (b, h), took 39 / 68 us at S2 / S4; these two launches 14 / 13). DLF (B, Tk, H) contiguous.
-    ROUND_DQ (the one-kernel backward): the program also rounds the fp32 dq accumulator DQ32 of its chunk's query
-    rows to DQ's dtype (both (B, Tq, H, HEAD_DIM) contiguous), which saves that launch."""
+    ROUND_DQ (the one-kernel backward): grid (B*H, NCH, CHUNK // ROWS); program (pid, c, s) also rounds ROWS of
+    the fp32 dq accumulator DQ32's query rows of chunk c (the s-th tile from the chunk's end) to DQ's dtype (both
+    (B, Tq, H, HEAD_DIM) contiguous), which saves that launch, and only programs s = 0 form d log f. (One program
+    per chunk looping over its 1024 rows ran 256 programs at S1 / S2, too few to keep HBM busy.)"""
     pid = tl.program_id(0)
     c = tl.program_id(1)
+    if ROUND_DQ:
+        # query rows [r_hi - (s+1)*ROWS, r_hi - s*ROWS) of the chunk's positions [Tk - (c+1)*CHUNK, Tk - c*CHUNK),
+        # at row = position - (Tk - Tq)
+        r_hi = Tq - c * CHUNK - tl.program_id(2) * ROWS
+        r = r_hi - ROWS + tl.arange(0, ROWS)
+        offs_d = tl.arange(0, BLOCK_D)
+        idx = ((pid // H).to(tl.int64) * Tq + r) * H + pid % H
+        idx = idx[:, None] * HEAD_DIM + offs_d[None, :]
+        m = ((r >= 0) & (r >= Tq - (c + 1) * CHUNK))[:, None] & (offs_d < HEAD_DIM)[None, :]
+        tl.store(DQ + idx, tl.load(DQ32 + idx, mask=m).to(DQ.dtype.element_ty), mask=m)
+        if tl.program_id(2) != 0:
+            return
     v = tl.arange(0, VEC)
     carry = tl.sum(tl.zeros([VEC], dtype=tl.float64), 0)
     for j0 in range(0, c, VEC):
@@ -567,17 +581,6 @@ def _dlogf_kernel(DROW, DCOL, S, DLF, DQ32, DQ, H, Tq, Tk, NCH, sr, CHUNK: tl.co
     dc, t, ok = _dlogf_chunk(DROW, DCOL, b, h, c, H, Tq, Tk, sr, CHUNK)
     out = tl.cumsum(dc, 0).to(tl.float64) + carry
     tl.store(DLF + (b.to(tl.int64) * Tk + t) * H + h, out.to(tl.float32), mask=ok)
-    if ROUND_DQ:
-        # query rows of the chunk's positions [Tk - (c+1)*CHUNK, Tk - c*CHUNK), at row = position - (Tk - Tq)
-        r_hi = Tq - c * CHUNK
-        r_lo = tl.maximum(r_hi - CHUNK, 0)
-        offs_r = tl.arange(0, 128)  # (32 KB per load at head dim 64: 32-row tiles were 1.6x slower than .to())
-        offs_d = tl.arange(0, BLOCK_D)
-        for r0 in range(r_lo, r_hi, 128):
-            r = r0 + offs_r
-            idx = ((b.to(tl.int64) * Tq + r) * H + h)[:, None] * HEAD_DIM + offs_d[None, :]
-            m = (r < r_hi)[:, None] & (offs_d < HEAD_DIM)[None, :]
-            tl.store(DQ + idx, tl.load(DQ32 + idx, mask=m).to(DQ.dtype.element_ty), mask=m)
 
 
 @triton.jit

@@ -173,13 +173,16 @@ def test_block_prefix_sums(Tq, Tk):
             assert (got[plane].double() - want).abs().max() <= 1e-5 * want.abs().max(), (plane, size)
 
 
-@pytest.mark.parametrize("Tq,Tk,strided", [(300, 300, False), (37, 230, False), (1, 64, False), (200, 1000, False),
-                                           (300, 300, True), (37, 230, True)])
-def test_dlogf_scan(Tq, Tk, strided):
+@pytest.mark.parametrize("Tq,Tk,strided,rows", [(300, 300, False, 128), (37, 230, False, 128), (1, 64, False, 128),
+                                                (200, 1000, False, 128), (300, 300, True, 128), (37, 230, True, 128),
+                                                (300, 300, True, 16), (37, 230, True, 16), (1, 64, True, 32)])
+def test_dlogf_scan(Tq, Tk, strided, rows, monkeypatch):
     """d log f = the reverse cumsum of drow - dcol (drow at the last Tq positions), in chunks of 64 under the
     interpreter that run in parallel with float64 carries, against float64 torch; every element written.
     ``strided``: drow is column 0 of (B, Tq, H, 8) row sums, as the one-kernel backward leaves it, and the launch
-    also rounds that backward's fp32 dq accumulator (head dim 24) to fp16, equal to torch's rounding."""
+    also rounds that backward's fp32 dq accumulator (head dim 24) to fp16, equal to torch's rounding, in tiles of
+    ``rows`` rows (16 or 32: several rounding programs per chunk; 128: one, the chunk being 64 rows here)."""
+    monkeypatch.setattr(fa, "_DQ_ROUND_ROWS", rows)
     g = torch.Generator().manual_seed(Tk)
     drow, dcol = torch.randn(2, Tq, 3, generator=g), torch.randn(2, Tk, 3, generator=g)
     dq32 = dq = None
@@ -187,7 +190,8 @@ def test_dlogf_scan(Tq, Tk, strided):
         rs8 = torch.randn(2, Tq, 3, 8, generator=g) * 1e3  # (the other columns must not be read)
         rs8[..., 0] = drow
         drow = rs8[..., 0]
-        dq32, dq = torch.randn(2, Tq, 3, 24, generator=g) * 3, torch.empty(2, Tq, 3, 24, dtype=torch.float16)
+        dq32 = torch.randn(2, Tq, 3, 24, generator=g) * 3
+        dq = torch.full((2, Tq, 3, 24), float("nan"), dtype=torch.float16)
     dc = -dcol.double()
     dc[:, Tk - Tq:] += drow.double()
     want = dc.flip(1).cumsum(1).flip(1)
