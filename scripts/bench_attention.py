@@ -35,12 +35,12 @@ def flops_fwd(B, T, H, D):
     return 4 * B * H * T * T * D / 2
 
 
-def make_inputs(B, T, H, D, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=g)
-    k = torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(B, T, H, D, device="cuda", dtype=dtype, generator=g)
-    lf = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=g) + 4.0).float()
+def make_inputs(B, T, H, D, dtype=torch.bfloat16, seed=0, device="cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, T, H, D, device=device, dtype=dtype, generator=g)
+    k = torch.randn(B, T, H, D, device=device, dtype=dtype, generator=g)
+    v = torch.randn(B, T, H, D, device=device, dtype=dtype, generator=g)
+    lf = F.logsigmoid(torch.randn(B, T, H, device=device, generator=g) + 4.0).float()
     return q, k, v, lf
 
 
@@ -231,15 +231,15 @@ def profile(fn, inputs, title):
 HEAD_MIXES = {"mixed": lambda H: H // 2, "all_local": lambda H: H, "all_global": lambda H: 0}
 
 
-def acp_inputs(B, T, H, D, local_heads):
+def acp_inputs(B, T, H, D, local_heads, dtype=torch.bfloat16, device="cuda"):
     """ACP's benchmark inputs: q / k QK-normed (RMSNorm with unit weights, returned as ``w``), log f = -1.3 for the
     first ``local_heads`` heads (local) and -1e-4 for the others (global). Returns (q, k, v, lf), w."""
-    q, k, v, _ = make_inputs(B, T, H, D)
-    q = (F.normalize(q.float(), dim=-1) * D ** 0.5).bfloat16()
-    k = (F.normalize(k.float(), dim=-1) * D ** 0.5).bfloat16()
-    lf = torch.full((B, T, H), -1e-4, device="cuda")
+    q, k, v, _ = make_inputs(B, T, H, D, dtype=dtype, device=device)
+    q = (F.normalize(q.float(), dim=-1) * D ** 0.5).to(dtype)
+    k = (F.normalize(k.float(), dim=-1) * D ** 0.5).to(dtype)
+    lf = torch.full((B, T, H), -1e-4, device=device)
     lf[..., :local_heads] = -1.3
-    return (q, k, v, lf), torch.ones(D, device="cuda")
+    return (q, k, v, lf), torch.ones(D, device=device)
 
 
 def bench_acp(shapes, profile_acp=False, rounds=3):

@@ -100,3 +100,57 @@ def test_ncu_breakdown_bad_arguments(args, message):
     r = subprocess.run([sys.executable, str(SCRIPTS / "ncu_breakdown.py"), *args], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def _ab(*args):
+    return subprocess.run([sys.executable, str(SCRIPTS / "ab_attention.py"), *map(str, args)], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_ab_attention_times_each_sides_own_package(tmp_path):
+    """Side B is a copy of the package whose op sleeps 20 ms per call: the A/B table must put B that much slower,
+    which it only does if each side's process times its own package (on the CPU: the PyTorch reference)."""
+    import shutil
+
+    repo = SCRIPTS.parent
+    slow = tmp_path / "slow"
+    shutil.copytree(repo / "forgetting_transformer", slow / "forgetting_transformer",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    init = slow / "forgetting_transformer" / "ops" / "__init__.py"
+    init.write_text(init.read_text() + "\n\nimport functools as _ft\nimport time as _time\n\n_fa = forgetting_attention\n\n\n"
+                    "@_ft.wraps(_fa)\ndef forgetting_attention(*a, **kw):\n    _time.sleep(0.02)\n"
+                    "    return _fa(*a, **kw)\n")
+    r = _ab(repo, slow, "--shapes", "tiny", "--cases", "dense", "--rounds", "2",
+            "--out", tmp_path / "ab.md")
+    assert r.returncode == 0, r.stderr
+    rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| tiny")}
+    assert set(rows) == {"tiny dense fwd", "tiny dense fwd+bwd"}
+    for line in rows.values():
+        a_med, b_med, ratio = (c.strip() for c in line.split("|")[2:5])
+        assert float(b_med.split()[0]) > 20.0 > float(a_med.split()[0]), line
+        assert float(ratio) < 0.5, line
+    assert r.stdout.count("round ") == 4  # two rounds, one process per side each
+    written = (tmp_path / "ab.md").read_text()
+    assert "ab_attention.py" in written and "| tiny dense fwd |" in written and "CPU (PyTorch reference)" in written
+
+
+def test_ab_attention_sides_are_checked(tmp_path):
+    r = _ab(tmp_path, SCRIPTS.parent, "--shapes", "tiny")
+    assert r.returncode == 1 and "has no forgetting_transformer package" in r.stderr, r.stderr
+    r = _ab("no-such-revision-xyz", SCRIPTS.parent, "--shapes", "tiny")
+    assert r.returncode == 1 and "neither a directory nor a git revision" in r.stderr, r.stderr
+    r = _ab(SCRIPTS.parent, SCRIPTS.parent, "--shapes", "S9")
+    assert r.returncode == 1 and "--shapes: unknown shape 'S9'" in r.stderr, r.stderr
+
+
+def test_ab_attention_exports_a_git_revision():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import ab_attention
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    if subprocess.run(["git", "-C", str(SCRIPTS.parent), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("not a git checkout: revisions cannot be exported")
+    path, label = ab_attention.resolve_side("HEAD")
+    assert (Path(path) / "forgetting_transformer" / "ops" / "forgetting_attention.py").is_file()
+    assert label.startswith("HEAD (") and Path(path) != SCRIPTS.parent
