@@ -7,7 +7,8 @@
     python scripts/acp_breakdown.py --backward-ab [--shapes S1,S2] [--rounds 3]
 
 Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups", eager and
-replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call. --kernels instead
+replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call and where it goes
+(per launcher function and per kernel launch, at S1). --kernels instead
 times the Gluon forward, dq and dk/dv kernels alone (CUDA graph) per head mix, dense and ACP (all_local shows the
 cost of short programs: a local head's program computes a few tiles). --backward-ab times ACP's fwd+bwd (half the
 heads local) with the one-kernel backward and with the dq and dk/dv kernels (``FOX_FUSED_BWD=0``), alternating
@@ -126,9 +127,7 @@ def host_cost(n=10, reps=15):
     the GPU is not waited for within them): dense / ACP fwd and fwd+bwd at B1 T256 H2 D64 (too small to keep the
     GPU busy) and at S1, fwd+bwd with autograd's default multithreaded backward (a CUDA backward runs on autograd's
     device thread) and single-threaded (``torch.autograd.set_multithreading_enabled(False)``: it runs on the
-    calling thread); then a cProfile of ACP fwd+bwd calls at S1 (the 25 costliest functions)."""
-    import cProfile
-    import pstats
+    calling thread); then where an eager call's host time goes (``host_breakdown``)."""
     import statistics
     import time
 
@@ -166,13 +165,85 @@ def host_cost(n=10, reps=15):
             t = [per_call(fwd), per_call(lambda: fwd_bwd(True)), per_call(lambda: fwd_bwd(False))]
             print(f"host {shape} {name}: fwd {t[0]:.0f} us/call, fwd+bwd {t[1]:.0f} us/call (backward on autograd's "
                   f"device thread), {t[2]:.0f} us/call (on the calling thread)", flush=True)
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        torch.autograd.grad(calls["acp"](), (q, k, v, lf), do)
-    torch.cuda.synchronize()
-    prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    host_breakdown(calls, (q, k, v, lf), do)
+
+
+# the op's launchers and checks whose inclusive host time host_breakdown reports (functions of forgetting_attention.py)
+LAUNCHERS = ("_forgetting_attention_triton", "check_inputs", "_check_kernel_inputs", "_row_bounds", "_acp_tables_for",
+             "_acp_launch", "_fwd_impl", "_fwd_launch_sm90", "_block_prefix", "_bwd_impl", "_bwd_launch",
+             "_use_fused_bwd", "_use_sm90", "_bwd_fused_sm90", "_bwd_fused_setup", "_bwd_dlogf", "_tma_desc",
+             "_tma_vec", "_query_vec")
+
+
+def host_breakdown(calls, inputs, do, n=50, reps=5):
+    """Inclusive host microseconds per eager call spent in each of the op's launchers (``LAUNCHERS``) and in each
+    kernel's launch (``JITFunction.run``: triton's argument binding and specialisation, the TMA descriptors'
+    encoding, the driver call), with the backward on the calling thread, for each of ``calls`` (fwd, fwd+bwd):
+    the median over ``reps`` timings of ``n`` calls. Timers wrap the module's functions (~0.3 us each), so nested
+    rows overlap and the rows do not add up to the call."""
+    import statistics
+    import time
+
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    acc = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    run = JITFunction.run
+
+    def timed_run(self, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return run(self, *a, **kw)
+        finally:
+            key = f"launch {self.fn.__name__}"
+            acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
+
+    saved = {name: getattr(fa, name) for name in LAUNCHERS}
+    q, k, v, lf = inputs
+    try:
+        JITFunction.run = timed_run
+        for name in LAUNCHERS:
+            setattr(fa, name, timed(name, saved[name]))
+        for cname, fn in calls.items():
+            for bwd in (False, True):
+                def step():
+                    if bwd:
+                        with torch.autograd.set_multithreading_enabled(False):
+                            torch.autograd.grad(fn(), (q, k, v, lf), do)
+                    else:
+                        with torch.no_grad():
+                            fn()
+                for _ in range(3):
+                    step()
+                totals, rows = [], {}
+                for _ in range(reps):
+                    acc.clear()
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        step()
+                    totals.append((time.perf_counter() - t0) / n * 1e6)
+                    torch.cuda.synchronize()
+                    for key, val in acc.items():
+                        rows.setdefault(key, []).append(val / n * 1e6)
+                print(f"host breakdown, {cname} {'fwd+bwd (calling thread)' if bwd else 'fwd'}: "
+                      f"{statistics.median(totals):.0f} us/call; inclusive us/call per function and launch:")
+                for key, vals in sorted(rows.items(), key=lambda kv: -statistics.median(kv[1])):
+                    print(f"  {key:42s} {statistics.median(vals):7.1f}")
+    finally:
+        JITFunction.run = run
+        for name, fn in saved.items():
+            setattr(fa, name, fn)
 
 
 def main():
