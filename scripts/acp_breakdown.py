@@ -251,7 +251,7 @@ def main():
     ap.add_argument("--shapes", default="S1,S3")
     ap.add_argument("--extra-configs", action="store_true")
     ap.add_argument("--profile", action="store_true", help="print the kernels of one mixed-heads ACP call per shape")
-    ap.add_argument("--host", action="store_true", help="first measure the host-side cost per call (cProfile)")
+    ap.add_argument("--host", action="store_true", help="first measure the host-side cost per call and where it goes")
     ap.add_argument("--kernels", action="store_true", help="time each Gluon kernel alone per head mix instead")
     ap.add_argument("--backward-ab", action="store_true",
                     help="ACP fwd+bwd with the one-kernel backward against the dq and dk/dv kernels instead")
