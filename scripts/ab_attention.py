@@ -126,25 +126,20 @@ def main_ab(args) -> None:
 def host_time(fn, inputs, backward, n=10, reps=15):
     """Host microseconds per call of ``n`` back-to-back calls (the GPU not waited for within them), median of
     ``reps`` timings (as ``acp_breakdown.py --host``)."""
+    import torch
+
     step = _step(fn, inputs, backward)
     for _ in range(3):
         step()
     ts = []
     for _ in range(reps):
-        _sync()
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(n):
             step()
         ts.append((time.perf_counter() - t0) / n * 1e6)
-        _sync()
-    return statistics.median(ts)
-
-
-def _sync():
-    import torch
-
-    if torch.cuda.is_available():
         torch.cuda.synchronize()
+    return statistics.median(ts)
 
 
 def _step(fn, inputs, backward):
