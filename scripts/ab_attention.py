@@ -20,7 +20,7 @@ a CUDA graph: ``bench_graph``), ``eager`` (``bench``: kernels plus whatever host
 Prints, per row, each side's median and its min-max over the rounds and ``A/B`` = A's median / B's (> 1: B is
 faster), and appends the table with the device, versions and command to ``--out`` when given. Without a CUDA
 device the processes time the PyTorch reference on the CPU (fp32; ``tiny`` only is sensible), which checks the
-plumbing (tests/scripts/test_ab_attention.py), not the kernels.
+plumbing (tests/ops/test_bench_scripts.py), not the kernels.
 """
 
 from __future__ import annotations
