@@ -123,44 +123,8 @@ def main_ab(args) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def host_time(fn, inputs, backward, n=10, reps=15):
-    """Host microseconds per call of ``n`` back-to-back calls (the GPU not waited for within them), median of
-    ``reps`` timings (as ``acp_breakdown.py --host``)."""
-    import torch
-
-    step = _step(fn, inputs, backward)
-    for _ in range(3):
-        step()
-    ts = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            step()
-        ts.append((time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(ts)
-
-
-def _step(fn, inputs, backward):
-    import torch
-
-    q, k, v, lf = (t.detach().requires_grad_(backward) for t in inputs)
-    do = torch.randn_like(q)
-
-    def step():
-        if backward:
-            torch.autograd.grad(fn(q, k, v, lf), (q, k, v, lf), do)
-        else:
-            with torch.no_grad():
-                fn(q, k, v, lf)
-
-    return step
-
-
-def cpu_time(fn, inputs, backward, reps=5):
-    """Milliseconds per call on the CPU (median of ``reps``): the plumbing check's timer."""
-    step = _step(fn, inputs, backward)
+def cpu_time(step, reps=5):
+    """Milliseconds per call of ``step()`` on the CPU (median of ``reps``): the plumbing check's timer."""
     step()
     ts = []
     for _ in range(reps):
@@ -183,7 +147,14 @@ def main_worker(args) -> None:
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
-    timer = {"graph": ba.bench_graph, "eager": ba.bench, "host": host_time}[args.timer] if cuda else cpu_time
+
+    def timer(fn, inputs, backward):
+        if not cuda:
+            return cpu_time(ba.make_step(fn, inputs, backward))
+        if args.timer == "host":
+            return statistics.median(ba.host_times(ba.make_step(fn, inputs, backward)))
+        return (ba.bench_graph if args.timer == "graph" else ba.bench)(fn, inputs, backward)
+
     times = {}
     for sname in args.shapes:
         B, T, H, D = TINY if sname == "tiny" else ba.SHAPES[sname]

@@ -25,8 +25,8 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (bench_attention also puts the repo root on sys.path)
-from bench_attention import (HEAD_MIXES, SHAPES, acp_inputs, bench, bench_graph, graph_time, profile,  # noqa: E402
-                             rounds_arg)
+from bench_attention import (HEAD_MIXES, SHAPES, acp_inputs, bench, bench_graph, graph_time, host_times,  # noqa: E402
+                             profile, rounds_arg)
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -129,22 +129,11 @@ def host_cost(n=10, reps=15):
     device thread) and single-threaded (``torch.autograd.set_multithreading_enabled(False)``: it runs on the
     calling thread); then where an eager call's host time goes (``host_breakdown``)."""
     import statistics
-    import time
 
     import torch
 
     def per_call(step):
-        for _ in range(3):
-            step()
-        ts = []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                step()
-            ts.append((time.perf_counter() - t0) / n * 1e6)
-            torch.cuda.synchronize()
-        return statistics.median(ts)
+        return statistics.median(host_times(step, n, reps))
 
     for shape in ("B1 T256 H2 D64", "S1"):
         B, T, H, D = (1, 256, 2, 64) if shape != "S1" else SHAPES["S1"]
@@ -227,13 +216,8 @@ def host_breakdown(calls, inputs, do, n=50, reps=5):
                     step()
                 totals, rows = [], {}
                 for _ in range(reps):
-                    acc.clear()
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        step()
-                    totals.append((time.perf_counter() - t0) / n * 1e6)
-                    torch.cuda.synchronize()
+                    acc.clear()  # the timers' sums over this timing's n calls only
+                    totals += host_times(step, n, reps=1, warmup=0)
                     for key, val in acc.items():
                         rows.setdefault(key, []).append(val / n * 1e6)
                 print(f"host breakdown, {cname} {'fwd+bwd (calling thread)' if bwd else 'fwd'}: "

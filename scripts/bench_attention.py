@@ -121,9 +121,9 @@ def bench(fn, inputs, backward):
     return triton.testing.do_bench(run, warmup=100, rep=400, return_mode="median")
 
 
-def bench_graph(fn, inputs, backward):
-    """GPU time of one call of ``fn`` (fwd, or fwd + the four gradients) replayed from a CUDA graph: the same
-    kernels as ``bench`` without the host-side launch cost (Python, autotuner dispatch, autograd)."""
+def make_step(fn, inputs, backward):
+    """A closure making one call of ``fn`` on detached copies of ``inputs`` (q, k, v, lf): the forward under
+    ``no_grad``, or (``backward``) the forward and the four gradients."""
     q, k, v, lf = (t.detach().requires_grad_(backward) for t in inputs)
     do = torch.randn_like(q)
 
@@ -134,7 +134,29 @@ def bench_graph(fn, inputs, backward):
             with torch.no_grad():
                 fn(q, k, v, lf)
 
-    return graph_time(step)
+    return step
+
+
+def bench_graph(fn, inputs, backward):
+    """GPU time of one call of ``fn`` (fwd, or fwd + the four gradients) replayed from a CUDA graph: the same
+    kernels as ``bench`` without the host-side launch cost (Python, autotuner dispatch, autograd)."""
+    return graph_time(make_step(fn, inputs, backward))
+
+
+def host_times(step, n=10, reps=15, warmup=3):
+    """Host microseconds per call of ``step()``, one value per timing of ``n`` back-to-back calls (the GPU not
+    waited for within a timing; synchronised before and after it), ``reps`` timings after ``warmup`` calls."""
+    for _ in range(warmup):
+        step()
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        ts.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return ts
 
 
 def graph_time(step):
