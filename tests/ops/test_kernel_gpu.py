@@ -228,6 +228,92 @@ def test_torch_compile_fullgraph_with_acp():
         assert torch.allclose(x.grad.float(), y.grad.float(), rtol=1e-2, atol=1e-2)
 
 
+def acp_case(seed, B=1, T=2048, H=4, D=64):
+    """QK-normed inputs whose local heads (log f = -1.3; the rest -1e-4) depend on ``seed``, so that ACP's tables
+    differ between seeds; the QK-norm weights for "auto"."""
+    q, k, v, lf = make(B, T, T, H, H, D, seed=seed)
+    q = (F.normalize(q.float(), dim=-1) * math.sqrt(D)).bfloat16()
+    k = (F.normalize(k.float(), dim=-1) * math.sqrt(D)).bfloat16()
+    local = torch.arange(H, device="cuda") % 2 == seed % 2
+    lf[:] = torch.where(local, -1.3, -1e-4)
+    do = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed + 100))
+    w = torch.ones(D, device="cuda")
+    return (q, k, v, lf), do.to(q.dtype), dict(adaptive_threshold="auto", qk_norm_weights=(w, w))
+
+
+def check_against_eager(got, inputs, do, acp):
+    """``got`` (o, dq, dk, dv, dlf) of a graphed call: o, dk and dv bitwise those of an eager call on the same
+    inputs (so the tables were formed from them; both are deterministic); dq and d log f, whose reduce-adds vary
+    in order between runs, as close to float64 attention with ACP's pruned tiles masked as the eager call's."""
+    q, k, v, lf = inputs
+    D = q.shape[-1]
+    delta = fa._acp_tables_for(q, k, lf, D ** -0.5, "auto", fa._acp.DEFAULT_EPS, acp["qk_norm_weights"])[2]
+    GM, GN = fa._acp_grid(max(16, D))
+    eager = grads(forgetting_attention, inputs, do, **acp)
+    ref = grads(lambda *x: acp_masked_ref(*x, delta.double(), GM, GN), [t.double() for t in inputs], do.double())
+    for name, a, e, r in zip(("o", "dq", "dk", "dv", "dlf"), got, eager, ref):
+        assert torch.isfinite(a).all(), name
+        if name in ("o", "dk", "dv"):
+            assert torch.equal(a, e), name
+        else:
+            assert rel(a, r) <= 1.1 * rel(e, r) + 1e-5, (name, rel(a, r), rel(e, r))
+
+
+def test_cuda_graph_replay_with_acp():
+    """The op with ACP ("auto") captured in a CUDA graph (forward and the four gradients): replayed on other
+    inputs, whose local heads differ, it gives what an eager call on those inputs gives. So nothing in the op waits
+    for the host, and the tables are formed on the GPU from the replayed inputs."""
+    inputs, do, acp = acp_case(0)
+    xs = [t.detach().clone().requires_grad_() for t in inputs]
+    do_s = do.clone()
+
+    def step():
+        o = forgetting_attention(*xs, **acp)
+        return (o,) + torch.autograd.grad(o, xs, do_s)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (compilation, allocator) outside the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for seed in (1, 2):
+        inputs, do, _ = acp_case(seed)
+        with torch.no_grad():
+            for x, t in zip(xs + [do_s], list(inputs) + [do]):
+                x.copy_(t)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_against_eager([t.clone() for t in out], inputs, do, acp)
+
+
+def test_reduce_overhead_compile_with_acp(monkeypatch):
+    """``torch.compile(mode="reduce-overhead")`` (CUDA graphs through Inductor's cudagraph trees) runs the op with
+    ACP from recorded graphs: after the first calls no launcher of the op runs on the host, no graph is skipped,
+    and the forward and gradients match eager on each new input."""
+    from torch._dynamo.utils import counters
+
+    launches = []
+    for name in ("_fwd_impl", "_bwd_impl"):
+        impl = getattr(fa, name)
+        monkeypatch.setattr(fa, name, lambda *a, _impl=impl, _name=name: launches.append(_name) or _impl(*a))
+    torch._dynamo.reset()
+    counters.clear()
+    *_, acp = acp_case(0)
+    f = torch.compile(lambda q, k, v, lf: forgetting_attention(q, k, v, lf, **acp), mode="reduce-overhead",
+                      fullgraph=True)
+    for seed in range(4):  # the first calls warm up and record, the later ones replay
+        inputs, do, _ = acp_case(seed)
+        before = len(launches)
+        got = [t.clone() for t in grads(f, inputs, do)]
+        if seed >= 2:
+            assert len(launches) == before, launches[before:]
+        check_against_eager(got, inputs, do, acp)
+    assert launches and not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
 def test_autotuned_launches(monkeypatch):
     """With autotuning on (the default outside tests), the first call tunes each kernel and later calls launch
     the pick directly (``_TUNED``); both calls meet the float64 tolerances, and the pick is the autotuner's."""
