@@ -5,6 +5,7 @@
 
     python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs] [--profile] [--host] [--kernels]
     python scripts/acp_breakdown.py --backward-ab [--shapes S1,S2] [--rounds 3]
+    python scripts/acp_breakdown.py --ceiling [--shapes S1,S2,S3,S4]
 
 Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups", eager and
 replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call and where it goes
@@ -12,7 +13,9 @@ replayed from a CUDA graph (GPU time only); --host first prints the host-side co
 times the Gluon forward, dq and dk/dv kernels alone (CUDA graph) per head mix, dense and ACP (all_local shows the
 cost of short programs: a local head's program computes a few tiles). --backward-ab times ACP's fwd+bwd (half the
 heads local) with the one-kernel backward and with the dq and dk/dv kernels (``FOX_FUSED_BWD=0``), alternating
-(head dim 64 shapes; the dense fwd+bwd, one kernel, for the ratios). docs/kernel.md
+(head dim 64 shapes; the dense fwd+bwd, one kernel, for the ratios). --ceiling prints ACP's ceiling per shape:
+each Gluon kernel's dense time over its own tiles' bound (the forward's 64 x 128 tiles, the backward's 64 x 64),
+the rest of the call unchanged, plus the tables; and each kernel's ACP speedup against its bound. docs/kernel.md
 quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
 """
 
@@ -87,6 +90,74 @@ def kernel_times(shapes):
                 d, a = res[("dense", kind)], res[("acp", kind)]
                 print(f"| {s} | {mix} | {kind} | {d:.4f} | {a:.4f} | {d / a:.3f}x |", flush=True)
             print(f"| {s} | {mix} | ACP tables | | {res[('acp', 'tables')]:.4f} | |", flush=True)
+
+
+# the Gluon kernels whose work ACP prunes -> the (query rows, keys) of one of their tiles at head dim D
+TILED = {"fox_fwd_sm90_kernel": lambda D: fa._SM90_CONFIGS[D][:2],
+         "fox_bwd_fused_sm90_kernel": lambda D: fa._SM90_BWD_CONFIGS[D][:2],
+         "fox_bwd_dq_sm90_kernel": lambda D: fa._SM90_DQ_CONFIGS[D][:2],
+         "fox_bwd_dkdv_sm90_kernel": lambda D: fa._SM90_BWD_CONFIGS[D][:2]}
+
+
+def tile_bound(lo, lf, T, D, bm, bn):
+    """Tiles of a (bm x bn) tiling, dense over ACP: the most that pruning can speed up a kernel with those tiles."""
+    GM, GN = fa._acp_grid(max(16, D))
+    st = fa._acp.tile_stats(lf, None, T, bm, bn, lo=fa._acp.lo_for_tiling(lo, T, GM, GN, bm, bn))
+    return ((st["computed"] + st["pruned"]).sum() / st["computed"].sum()).item()
+
+
+def kernel_us(fn, inputs):
+    """GPU microseconds per kernel name (summed) of one fwd+bwd call of ``fn`` (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    q, k, v, lf = (t.detach().requires_grad_() for t in inputs)
+    do = torch.randn_like(q)
+    for _ in range(3):
+        fn(q, k, v, lf).backward(do)
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(q, k, v, lf).backward(do)
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us()
+    return out
+
+
+def ceiling(shapes):
+    """ACP's ceiling per shape (half the heads local, fwd+bwd from a CUDA graph): every tiled Gluon kernel of the
+    dense call (``TILED``, its time from torch.profiler) sped up by its own tiles' bound, everything else in the
+    dense call (prefix sums, set-up, d log f, dq rounding) unchanged, plus ACP's tables:
+    dense / (sum kernel / bound + (dense - sum kernel) + tables). Also each kernel's ACP time against its bound."""
+    import math
+
+    print("| shape | dense ms | ACP ms | ACP speedup | kernel: dense us -> ACP us (speedup / tile bound) | rest us | "
+          "tables us | ceiling | share of the ceiling |")
+    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    for s in shapes:
+        B, T, H, D = SHAPES[s]
+        inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
+        q, k, v, lf = inputs
+
+        def acp(q, k, v, lf):
+            return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+
+        lo = fa._acp_tables_for(q, k, lf, D ** -0.5, "auto", math.exp(-10), (w, w))[0]
+        dense_ms, acp_ms = (bench_graph(f, inputs, True) for f in (forgetting_attention, acp))
+        kd, ka = kernel_us(forgetting_attention, inputs), kernel_us(acp, inputs)
+        tiled = {n: t for n, t in kd.items() if n in TILED}
+        if not tiled:
+            raise SystemExit(f"{s}: no Gluon kernel ran (needs a Hopper GPU and head dim 64 or 128)")
+        bounds = {n: tile_bound(lo, lf, T, D, *TILED[n](D)) for n in tiled}
+        tables = sum(t for n, t in ka.items() if n.startswith("_acp_"))
+        rest = dense_ms * 1e3 - sum(tiled.values())
+        ceil = dense_ms * 1e3 / (sum(t / bounds[n] for n, t in tiled.items()) + rest + tables)
+        cells = "; ".join(f"{n.replace('_sm90_kernel', '')}: {t:.0f} -> {ka.get(n, 0.0):.0f} "
+                          f"({t / ka[n]:.2f}x / {bounds[n]:.2f}x)" for n, t in tiled.items())
+        print(f"| {s} | {dense_ms:.3f} | {acp_ms:.3f} | {dense_ms / acp_ms:.2f}x | {cells} | {rest:.0f} | "
+              f"{tables:.0f} | {ceil:.2f}x | {dense_ms / acp_ms / ceil:.0%} |", flush=True)
 
 
 def backward_ab(shapes, rounds):
@@ -239,6 +310,8 @@ def main():
     ap.add_argument("--kernels", action="store_true", help="time each Gluon kernel alone per head mix instead")
     ap.add_argument("--backward-ab", action="store_true",
                     help="ACP fwd+bwd with the one-kernel backward against the dq and dk/dv kernels instead")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="ACP's ceiling from each Gluon kernel's own tile bound, and each kernel against it, instead")
     ap.add_argument("--rounds", type=rounds_arg, default=3, help="rounds of --backward-ab")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
@@ -247,6 +320,9 @@ def main():
         return
     if args.kernels:
         kernel_times(shapes)
+        return
+    if args.ceiling:
+        ceiling(shapes)
         return
     if args.host:
         host_cost()

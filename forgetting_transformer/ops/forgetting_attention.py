@@ -660,9 +660,24 @@ def _bwd_dkdv(do, q, k, v, lf, pq, lse, delta, kstart, kend, sm_scale, acp_table
 # call, which is more than the kernels take at small shapes (docs/kernel.md, "Host-side cost").
 
 
+def _fwd_is_sm90(q, k, v, kstart):
+    """Whether the forward runs the Gluon kernel (a causal pass without documents or padding, ``_use_sm90``)."""
+    return kstart is None and _use_sm90(q, k, v)
+
+
+def _fwd_tiles(q, k, v, kstart):
+    """(query rows, keys) of one tile of the forward that this call runs, which ``return_stats`` counts: one
+    consumer warpgroup's rows by BLOCK_N in the Gluon forward, else the Triton forward's default config (autotuning
+    may pick other tiles there)."""
+    if _fwd_is_sm90(q, k, v, kstart):
+        return _SM90_CONFIGS[q.shape[-1]][:2]
+    cfg = _fixed_config("fwd", max(16, _next_pow2(q.shape[-1])))[0]
+    return cfg["BLOCK_M"], cfg["BLOCK_N"]
+
+
 def _fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi):
     acp_tables = None if acp_lo is None else (acp_lo, acp_hi)
-    if kstart is None and _use_sm90(q, k, v):
+    if _fwd_is_sm90(q, k, v, kstart):
         return _fwd_launch_sm90(q, k, v, log_fgate, sm_scale, acp_tables=acp_tables)
     return _fwd_launch(q, k, v, log_fgate, kstart, sm_scale, acp_tables)
 
@@ -837,12 +852,9 @@ def _forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlen
     fwd = _FoxEager.apply if _eager(q, k, v, log_fgate) else _fox_fwd
     o, _ = fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables)
     if return_stats:
-        cfg = _fixed_config("fwd", block_d)[0]
-        lo = None
-        if tables[0] is not None:
-            lo = _acp.lo_for_tiling(tables[0], q.shape[1], *_acp_grid(block_d), cfg["BLOCK_M"], cfg["BLOCK_N"])
-        stats = _acp.tile_stats(log_fgate, None, q.shape[1], cfg["BLOCK_M"], cfg["BLOCK_N"], lo=lo)
-        return o, stats
+        bm, bn = _fwd_tiles(q, k, v, kstart)
+        lo = None if tables[0] is None else _acp.lo_for_tiling(tables[0], q.shape[1], *_acp_grid(block_d), bm, bn)
+        return o, _acp.tile_stats(log_fgate, None, q.shape[1], bm, bn, lo=lo)
     return o
 
 
@@ -877,8 +889,9 @@ def forgetting_attention(
             ACP grid (64 x 64 for D <= 128) whose every decay ``c_i - c_j`` is below ``delta`` are pruned
             (skipped in the forward and both backward kernels; masked by the reference, which prunes the same
             region). Needs ``log_fgate <= 0``.
-        return_stats: also return ``{"computed": (B, H), "pruned": (B, H)}`` tile counts (the kernel's forward
-            tiles; the reference counts tiles of the ACP grid).
+        return_stats: also return ``{"computed": (B, H), "pruned": (B, H)}`` tile counts of the forward kernel
+            that runs (on Hopper at head dims 64 / 128 a warpgroup's 64 rows by 128 keys, else the Triton forward's
+            default tiles); the reference counts tiles of the ACP grid.
         acp_eps: ACP's bound on the pruned attention weight per row (default ``e^-10``).
         qk_norm_weights: ``(gamma_q, gamma_k)`` QK-RMSNorm weights (``(D,)`` or ``(H, D)``) for ``"auto"``.
         backend: ``None`` (default: CUDA bf16/fp16 tensors -> Triton kernel; CPU, or fp32 on CUDA -> PyTorch

@@ -154,3 +154,27 @@ def test_ab_attention_exports_a_git_revision():
     path, label = ab_attention.resolve_side("HEAD")
     assert (Path(path) / "forgetting_transformer" / "ops" / "forgetting_attention.py").is_file()
     assert label.startswith("HEAD (") and Path(path) != SCRIPTS.parent
+
+
+def test_acp_breakdown_tile_bound(monkeypatch):
+    """``acp_breakdown.tile_bound`` (the ceiling's per-kernel bound): a local head (log f = -1.3, threshold -34) keeps
+    its diagonal 64 x 64 grid block and the one before it (the decay to the block's last key, -1.3, is above the
+    threshold; two blocks back it is -84.5), so 16 query blocks keep 1 + 15 x 2 of their 136 causal tiles; with
+    128-key tiles each 64-row block keeps the 128-key blocks that hold those; a global head keeps everything."""
+    import math
+
+    import torch
+
+    sys.path.insert(0, str(SCRIPTS))
+    import acp_breakdown as ab
+
+    T, D, GM, GN = 1024, 64, 64, 64
+    monkeypatch.setattr(ab.fa, "_ACP_GRID_OVERRIDE", (GM, GN))  # the GPU's grid (the CPU configs' is smaller)
+    lf = torch.full((1, T, 2), -1e-4)
+    lf[..., 0] = -1.3
+    lo, _ = ab.fa._acp._tables_torch(lf, torch.tensor([[-34.0, -34.0]]), T, GM, GN)
+    assert math.isclose(ab.tile_bound(lo, lf, T, D, 64, 64), 2 * 136 / (136 + 31), rel_tol=1e-6)
+    kept_128 = sum(2 if (i % 2 == 0 and i > 0) else 1 for i in range(16))  # even rows straddle into the block below
+    dense_128 = sum(i // 2 + 1 for i in range(16))
+    assert math.isclose(ab.tile_bound(lo, lf, T, D, 64, 128), 2 * dense_128 / (dense_128 + kept_128), rel_tol=1e-6)
+    assert ab.tile_bound(lo[1:], lf[..., 1:], T, D, 64, 64) == 1.0

@@ -339,6 +339,39 @@ def test_acp_prunes_exactly_the_tile_mask():
     assert torch.equal(stats["computed"] + stats["pruned"], dense["computed"]) and (dense["pruned"] == 0).all()
 
 
+def test_return_stats_counts_the_tiles_of_the_forward_that_runs(monkeypatch):
+    """``return_stats`` counts the tiles of the forward this call runs (the Triton forward's default config here; a
+    consumer warpgroup's 64 rows by 128 keys where the Gluon forward runs), each pruned tile one whose every
+    element ACP prunes for the tile's first row, counted here from the elementwise region of ``acp_masked_ref``."""
+    T = 300
+    q, k, v, lf = acp_inputs(T)
+    delta = torch.tensor([[-3.0, -6.0, -3.0, -6.0]])
+    GM, GN = fa._acp_grid(16)
+    cfg = fa._fixed_config("fwd", 16)[0]
+    assert fa._fwd_tiles(q, k, v, None) == (cfg["BLOCK_M"], cfg["BLOCK_N"])
+    with monkeypatch.context() as m:  # shapes only: which tiles a Hopper call would count
+        m.setattr(fa, "_use_sm90", lambda *a: True)
+        x = q.new_empty(1, 8, 2, 64)
+        assert fa._fwd_tiles(x, x, x, None) == fa._SM90_CONFIGS[64][:2] == (64, 128)
+        assert fa._fwd_tiles(x, x, x, torch.zeros(1, 8, dtype=torch.int32)) == (cfg["BLOCK_M"], cfg["BLOCK_N"])
+    c = torch.cumsum(lf.double(), 1)[0].T  # (H, T)
+    i = torch.arange(T)
+    m0 = (i // GM) * GM
+    e = torch.clamp((i // GN) * GN + GN - 1, max=T - 1)
+    pruned = (c[:, m0, None] - c[:, None, e] < delta[0, :, None, None]) & ((i // GN)[None] < (m0 // GN)[:, None])
+    for bm, bn in ((cfg["BLOCK_M"], cfg["BLOCK_N"]), (GM, 2 * GN)):
+        monkeypatch.setattr(fa, "_fwd_tiles", lambda *a, t=(bm, bn): t)
+        _, stats = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=delta, return_stats=True)
+        want_pruned, want_total = torch.zeros(4, dtype=torch.long), 0
+        for r in range(0, T, bm):
+            for n in range(0, min(r + bm, T), bn):  # causal tiles: key blocks up to the diagonal
+                want_pruned += pruned[:, r, n:n + bn].all(-1).long()
+                want_total += 1
+        assert torch.equal(stats["pruned"][0], want_pruned), (bm, bn, stats, want_pruned)
+        assert torch.equal(stats["computed"][0] + stats["pruned"][0], torch.full((4,), want_total))
+        assert (want_pruned[:2] > 0).all() and (want_pruned[2:] == 0).all()
+
+
 def test_acp_reference_path_prunes_what_the_kernel_prunes():
     """The CPU dispatch (reference) and the kernel prune one region: same output and gradients."""
     q, k, v, lf = acp_inputs(80)
