@@ -6,6 +6,7 @@
     python scripts/acp_breakdown.py [--shapes S1,S3] [--extra-configs] [--profile] [--host] [--kernels]
     python scripts/acp_breakdown.py --backward-ab [--shapes S1,S2] [--rounds 3]
     python scripts/acp_breakdown.py --ceiling [--shapes S1,S2,S3,S4]
+    python scripts/acp_breakdown.py --spread 4 [--shapes S2,S3]
 
 Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups", eager and
 replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call and where it goes
@@ -15,7 +16,8 @@ cost of short programs: a local head's program computes a few tiles). --backward
 heads local) with the one-kernel backward and with the dq and dk/dv kernels (``FOX_FUSED_BWD=0``), alternating
 (head dim 64 shapes; the dense fwd+bwd, one kernel, for the ratios). --ceiling prints ACP's ceiling per shape:
 each Gluon kernel's dense time over its own tiles' bound (the forward's 64 x 128 tiles, the backward's 64 x 64),
-the rest of the call unchanged, plus the tables; and each kernel's ACP speedup against its bound. docs/kernel.md
+the rest of the call unchanged, plus the tables; and each kernel's ACP speedup against its bound. --spread N
+times dense and ACP on N allocations of the inputs and the first again, to see which of the two moves and why. docs/kernel.md
 quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
 """
 
@@ -158,6 +160,36 @@ def ceiling(shapes):
                           f"({t / ka[n]:.2f}x / {bounds[n]:.2f}x)" for n, t in tiled.items())
         print(f"| {s} | {dense_ms:.3f} | {acp_ms:.3f} | {dense_ms / acp_ms:.2f}x | {cells} | {rest:.0f} | "
               f"{tables:.0f} | {ceil:.2f}x | {dense_ms / acp_ms / ceil:.0%} |", flush=True)
+
+
+def spread(shapes, repeats):
+    """Dense and ACP (half the heads local) fwd / fwd+bwd from CUDA graphs on ``repeats`` allocations of the same
+    inputs in one process (each kept alive, so the addresses differ), then on the first allocation again: one line
+    per timing, then each time's min-max. Shows whether a moving ratio is ACP's time or the dense time's, and (the
+    last line against the first) whether it follows the inputs' addresses or the time the GPU has been busy."""
+    import torch
+
+    for s in shapes:
+        B, T, H, D = SHAPES[s]
+        allocs = [acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H)) for _ in range(repeats)]
+        times = {}
+        for r, (inputs, w) in enumerate(allocs + allocs[:1]):
+            def acp(q, k, v, lf):
+                return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+
+            t = {f"{name} {part}": bench_graph(fn, inputs, bwd) for name, fn in (("dense", forgetting_attention),
+                                                                                  ("acp", acp))
+                 for part, bwd in (("fwd", False), ("fwd+bwd", True))}
+            for key, val in t.items():
+                times.setdefault(key, []).append(val)
+            label = f"{r + 1}" if r < repeats else "1 again"
+            print(f"{s} {label}: " + ", ".join(f"{key} {val:.4f} ms" for key, val in t.items()) + " -> ACP "
+                  f"{t['dense fwd'] / t['acp fwd']:.3f}x / {t['dense fwd+bwd'] / t['acp fwd+bwd']:.3f}x "
+                  f"(q at {inputs[0].data_ptr():#x})", flush=True)
+        print(f"{s} min-max: " + ", ".join(f"{key} {min(v):.4f}-{max(v):.4f} ms ({max(v) / min(v) - 1:.1%})"
+                                           for key, v in times.items()), flush=True)
+        del allocs
+        torch.cuda.empty_cache()
 
 
 def backward_ab(shapes, rounds):
@@ -312,6 +344,8 @@ def main():
                     help="ACP fwd+bwd with the one-kernel backward against the dq and dk/dv kernels instead")
     ap.add_argument("--ceiling", action="store_true",
                     help="ACP's ceiling from each Gluon kernel's own tile bound, and each kernel against it, instead")
+    ap.add_argument("--spread", type=rounds_arg, default=0, metavar="N",
+                    help="time dense and ACP on N allocations of the inputs, then the first again, instead (>= 1)")
     ap.add_argument("--rounds", type=rounds_arg, default=3, help="rounds of --backward-ab")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
@@ -323,6 +357,9 @@ def main():
         return
     if args.ceiling:
         ceiling(shapes)
+        return
+    if args.spread:
+        spread(shapes, args.spread)
         return
     if args.host:
         host_cost()

@@ -10,7 +10,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.mark.parametrize("script,flag", [("bench_attention.py", "--acp-rounds"), ("gluon_ab.py", "--rounds"),
-                                         ("acp_breakdown.py", "--rounds")])
+                                         ("acp_breakdown.py", "--rounds"), ("acp_breakdown.py", "--spread")])
 def test_rounds_below_one_are_an_error_naming_the_flag(script, flag):
     """Medians over zero rounds would fail deep inside statistics; the flag is refused up front, by name."""
     args = [sys.executable, str(SCRIPTS / script), flag, "0"] + (["--old", "unused.py"] if script == "gluon_ab.py" else [])
