@@ -17,8 +17,8 @@ heads local) with the one-kernel backward and with the dq and dk/dv kernels (``F
 (head dim 64 shapes; the dense fwd+bwd, one kernel, for the ratios). --ceiling prints ACP's ceiling per shape:
 each Gluon kernel's dense time over its own tiles' bound (the forward's 64 x 128 tiles, the backward's 64 x 64),
 the rest of the call unchanged, plus the tables; and each kernel's ACP speedup against its bound. --spread N
-times dense and ACP on N allocations of the inputs and the first again, to see which of the two moves and why. docs/kernel.md
-quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
+times dense and ACP on N allocations of the inputs and the first again, to see which of the two moves and why.
+docs/kernel.md quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
 """
 
 import argparse
