@@ -1,6 +1,6 @@
 """Where a Gluon kernel's warps spend their time (GPU, Nsight Compute): sampled warp states bucketed by SASS region.
 
-    python scripts/ncu_breakdown.py --kernel fwd|fused|dq|dkdv --shape S1 [--acp] [--out DIR]
+    python scripts/ncu_breakdown.py --kernel fwd|fused|dq|dkdv --shape S1 [--acp [--heads all_global]] [--out DIR]
     python scripts/ncu_breakdown.py --csv SOURCE.csv
 
 The first form profiles the second launch of one Gluon kernel at a bench_attention.py shape (``ncu --section
@@ -116,7 +116,7 @@ def report(path):
     print("\n".join(lines), flush=True)
 
 
-def launch(kernel, shape, acp):
+def launch(kernel, shape, acp, heads="mixed"):
     """Run the kernel twice (ncu profiles the second launch) at a bench_attention.py shape."""
     import math
 
@@ -133,7 +133,7 @@ def launch(kernel, shape, acp):
     sm = D ** -0.5
     tables = None
     if acp:  # bench_attention.py's ACP inputs and tables
-        (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
+        (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES[heads](H))
         tables = fa._acp_tables_for(q, k, lf, sm, "auto", math.exp(-10), (w, w))[:2]
     else:
         q, k, v, lf = make_inputs(B, T, H, D)
@@ -158,21 +158,26 @@ def main():
     ap.add_argument("--kernel", choices=sorted(KERNELS))
     ap.add_argument("--shape", default="S1", choices=["S1", "S2", "S3", "S4"], help="bench_attention.py's shapes")
     ap.add_argument("--acp", action="store_true", help="ACP's tables (half the heads local), not dense")
+    ap.add_argument("--heads", default="mixed", choices=["mixed", "all_local", "all_global"],
+                    help="with --acp: which heads are local (bench_attention.HEAD_MIXES; default half)")
     ap.add_argument("--csv", help="break down an existing source-page export instead")
     ap.add_argument("--out", default=".", help="where the report and the CSV go")
     ap.add_argument("--launch", action="store_true", help=argparse.SUPPRESS)  # (the process ncu profiles)
     args = ap.parse_args()
     if args.launch:
-        return launch(args.kernel, args.shape, args.acp)
+        return launch(args.kernel, args.shape, args.acp, args.heads)
     if args.csv:
         return report(args.csv)
     if args.kernel is None:
         ap.error("give --kernel (to profile) or --csv (to break down an export)")
+    if args.heads != "mixed" and not args.acp:
+        ap.error(f"--heads {args.heads} needs --acp (the dense kernel has no head mix)")
     if args.kernel == "fused" and args.shape in ("S3", "S4"):
         ap.error(f"--kernel fused runs at head dim 64 (S1, S2); --shape {args.shape} has head dim 128")
     ncu = os.environ.get("NCU", "ncu")
-    tag = os.path.join(args.out, f"{args.kernel}_{args.shape}{'_acp' if args.acp else ''}")
-    me = [sys.executable, os.path.abspath(__file__), "--launch", "--kernel", args.kernel, "--shape", args.shape]
+    tag = os.path.join(args.out, f"{args.kernel}_{args.shape}" + (f"_acp_{args.heads}" if args.acp else ""))
+    me = [sys.executable, os.path.abspath(__file__), "--launch", "--kernel", args.kernel, "--shape", args.shape,
+          "--heads", args.heads]
     subprocess.run([ncu, "-f", "-k", f"regex:{KERNELS[args.kernel]}", "--launch-skip", "1", "--launch-count", "1",
                     "--section", "SourceCounters", "--section", "WarpStateStats", "-o", tag]
                    + me + (["--acp"] if args.acp else []), check=True, stdout=subprocess.DEVNULL)

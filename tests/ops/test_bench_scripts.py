@@ -94,6 +94,8 @@ def test_ncu_breakdown_report(ncu_export, capsys):
     ([], "give --kernel (to profile) or --csv"),
     (["--kernel", "fwd", "--shape", "S9"], "argument --shape: invalid choice: 'S9'"),
     (["--kernel", "fused", "--shape", "S3"], "--kernel fused runs at head dim 64 (S1, S2); --shape S3 has head dim"),
+    (["--kernel", "fwd", "--heads", "all_global"], "--heads all_global needs --acp"),
+    (["--kernel", "fwd", "--acp", "--heads", "half"], "argument --heads: invalid choice: 'half'"),
 ])
 def test_ncu_breakdown_bad_arguments(args, message):
     """Bad arguments are refused up front, naming the value (not inside the process ncu profiles)."""
