@@ -18,7 +18,8 @@ SourceCounters``, ncu from PATH or the ``NCU`` environment variable; about 15 s;
     executions of its back-branch, per warp) and the rest ("per item": prologue, epilogue, schedule, waits);
   * the mbarrier retry stubs after the last EXIT.
 Prints each region's share of the samples (of all, and of the consumers'), executed warp instructions, samples
-per iteration and the top stall reasons. docs/benchmarks.md (session 20) quotes it.
+per iteration and the top stall reasons; a tile loop that branches inside gets a row per path (its instructions
+grouped by how often they ran, with the samples per execution). docs/benchmarks.md (session 20) quotes it.
 """
 
 from __future__ import annotations
@@ -113,7 +114,31 @@ def report(path):
         cons = f"{s / consumer:.1%}" if ("tile loop" in name or "per item" in name) else ""
         top = ", ".join(f"{k} {v / max(s, 1):.0%}" for k, v in st.most_common(3) if v)
         lines.append(f"| {name} | {s / total:.1%} | {cons} | {sum(x[3] for x in body)} | {per} | {top} |")
+        if m:
+            lines += path_rows(body, total, consumer)
     print("\n".join(lines), flush=True)
+
+
+def path_rows(body, total, consumer):
+    """Rows for the paths through a tile loop that branches inside (e.g. ACP's forward: a head, then the masked
+    or the clean variant): its instructions grouped by how often they ran, with the samples per execution of
+    each group by a warpgroup (4 warps), in address order; none for a loop without inner branches."""
+    groups = collections.defaultdict(list)
+    for x in body:
+        groups[x[3]].append(x)
+    if len(groups) < 2:
+        return []
+    rows = []
+    for execs, xs in sorted(groups.items(), key=lambda g: g[1][0][0]):
+        s = sum(x[2] for x in xs)
+        st = collections.Counter()
+        for x in xs:
+            st.update(x[4])
+        per = f"{s / (execs / 4):.3f}" if execs else ""
+        top = ", ".join(f"{k} {v / max(s, 1):.0%}" for k, v in st.most_common(3) if v)
+        rows.append(f"| ↳ {len(xs)} instructions run {execs} times | {s / total:.1%} | {s / consumer:.1%} | "
+                    f"{execs * len(xs)} | {per} | {top} |")
+    return rows
 
 
 def launch(kernel, shape, acp, heads="mixed"):

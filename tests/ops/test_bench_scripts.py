@@ -180,3 +180,17 @@ def test_acp_breakdown_tile_bound(monkeypatch):
     dense_128 = sum(i // 2 + 1 for i in range(16))
     assert math.isclose(ab.tile_bound(lo, lf, T, D, 64, 128), 2 * dense_128 / (dense_128 + kept_128), rel_tol=1e-6)
     assert ab.tile_bound(lo[1:], lf[..., 1:], T, D, 64, 64) == 1.0
+
+
+def test_ncu_breakdown_paths_through_a_tile_loop():
+    """A tile loop that branches inside (a head run every iteration, then one of two variants) gets a row per path:
+    its instructions grouped by execution count, in address order, samples per warpgroup execution (4 warps)."""
+    body = [(0x40, "HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ", 8, 40, {"wait": 8}),
+            (0x50, "FADD R1, R2, R3", 6, 10, {"barrier": 6}),
+            (0x60, "FMUL R1, R2, R3", 12, 30, {"wait": 9, "no_inst": 3}),
+            (0x70, "@P1 BRA 0x40", 4, 40, {"wait": 4})]
+    rows = _ncu_breakdown().path_rows(body, total=60, consumer=30)
+    assert rows == ["| ↳ 2 instructions run 40 times | 20.0% | 40.0% | 80 | 1.200 | wait 100% |",
+                    "| ↳ 1 instructions run 10 times | 10.0% | 20.0% | 10 | 2.400 | barrier 100% |",
+                    "| ↳ 1 instructions run 30 times | 20.0% | 40.0% | 30 | 1.600 | wait 75%, no_inst 25% |"], rows
+    assert _ncu_breakdown().path_rows(body[:1] + body[3:], total=60, consumer=30) == []
