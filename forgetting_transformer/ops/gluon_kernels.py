@@ -176,9 +176,10 @@ def _mask_tile(s, pos_k, pos_q, kstart, CAUSAL: gl.constexpr, START: gl.constexp
 def _fwd_tile(acc, m_i, l_i, g, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs, k_ready, v_ready, k_empty,
               v_empty, PK_base, pos_q, kstart, offs_n, qk_scale,
               s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr, CAUSAL: gl.constexpr,
-              START: gl.constexpr):
+              START: gl.constexpr, masked, MASK_AT_RUN_TIME: gl.constexpr):
     """Key block i: S = Q K^T, the softmax, then acc += P V, each MMA waited at once (the consumer warpgroups
-    overlap each other's MMAs and softmax)."""
+    overlap each other's MMAs and softmax). The masks: ``CAUSAL`` / ``START`` (compile-time variants), or with
+    ``MASK_AT_RUN_TIME`` both where the run-time ``masked`` is true (a branch around them)."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
@@ -198,7 +199,12 @@ def _fwd_tile(acc, m_i, l_i, g, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, ck_b
     # part is a per-row constant that cancels in the softmax: _fwd_compute adds it to the log-sum-exp at the
     # end, which saves one add per score
     dk2 = ((tot_k - ck) + g) * LOG2E
-    s = _mask_tile(s * qk_scale + gl.expand_dims(dk2, 0), n0 + offs_n, pos_q, kstart, CAUSAL, START)
+    s = s * qk_scale + gl.expand_dims(dk2, 0)
+    if MASK_AT_RUN_TIME:
+        if masked:
+            s = _mask_tile(s, n0 + offs_n, pos_q, kstart, True, True)
+    else:
+        s = _mask_tile(s, n0 + offs_n, pos_q, kstart, CAUSAL, START)
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s - gl.expand_dims(m_safe, 1))
@@ -307,31 +313,43 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_emp
         _pass_stage(i, k_ready, k_empty, v_ready, v_empty)
     mbarrier.wait(q_bar, 0)
     if HAS_ACP:
-        # one loop with both tile variants, so the kernel carries two copies of the tile code per warpgroup, as
-        # the dense one does: a third (a loop of its own for the blocks that straddle a row's first kept key, which
-        # the masked variant handles too) made this kernel 7-8% slower at head dim 64 even where that loop ran no
-        # iteration (every head global; docs/benchmarks.md, session 16). The dense kernel keeps two loops: one
-        # loop ran 2-3% slower there
-        for i in range(t_skip, t_end):
-            if (i < n_masked) | (i >= n_masked + n_clean):  # causal diagonal blocks; blocks straddling a bound
+        if HEAD_DIM == 64:
+            # one copy of the tile code with a branch around its masks: against the two variants below, the ACP
+            # forward ran 7.5% / 1.2% faster at S1 / S2 and 0.7% / 1.5% slower at head dim 128 (S3 / S4),
+            # docs/benchmarks.md session 23 (a loop with two variants pays a branch to a far variant per tile)
+            for i in range(t_skip, t_end):
                 acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
                                                   ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
-                                                  kstart, offs_n, qk_scale, s_layout, p_layout, row_o, True, True)
-            else:
-                acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
-                                                  ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
-                                                  kstart, offs_n, qk_scale, s_layout, p_layout, row_o, False, False)
+                                                  kstart, offs_n, qk_scale, s_layout, p_layout, row_o, True, True,
+                                                  (i < n_masked) | (i >= n_masked + n_clean), True)
+        else:
+            # one loop with both tile variants, so the kernel carries two copies of the tile code per warpgroup,
+            # as the dense one does: a third (a loop of its own for the blocks that straddle a row's first kept
+            # key, which the masked variant handles too) made this kernel 7-8% slower at head dim 64 even where
+            # that loop ran no iteration (every head global; docs/benchmarks.md, session 16). The dense kernel
+            # keeps two loops: one loop ran 2-3% slower there
+            for i in range(t_skip, t_end):
+                if (i < n_masked) | (i >= n_masked + n_clean):  # causal diagonal blocks; blocks straddling a bound
+                    acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
+                                                      ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
+                                                      kstart, offs_n, qk_scale, s_layout, p_layout, row_o, True,
+                                                      True, False, False)
+                else:
+                    acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
+                                                      ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
+                                                      kstart, offs_n, qk_scale, s_layout, p_layout, row_o, False,
+                                                      False, False, False)
         for i in range(t_end, n_total):  # wholly before this warpgroup's rows' first kept keys
             _pass_stage(i, k_ready, k_empty, v_ready, v_empty)
     else:
         for i in range(t_skip, n_masked):
             acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
                                               k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
-                                              qk_scale, s_layout, p_layout, row_o, True, False)
+                                              qk_scale, s_layout, p_layout, row_o, True, False, False, False)
         for i in range(n_masked, n_masked + n_clean):
             acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs, ck_bufs,
                                               k_ready, v_ready, k_empty, v_empty, PK_base, pos_q, kstart, offs_n,
-                                              qk_scale, s_layout, p_layout, row_o, False, False)
+                                              qk_scale, s_layout, p_layout, row_o, False, False, False, False)
 
     l_ok = l_i > 0.0
     lse2 = gl.where(l_ok, m_i + gl.log2(gl.where(l_ok, l_i, 1.0)) - rq2, 0.0)  # with the decay's query part
