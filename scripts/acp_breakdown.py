@@ -30,8 +30,8 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (bench_attention also puts the repo root on sys.path)
-from bench_attention import (HEAD_MIXES, SHAPES, acp_inputs, bench, bench_graph, graph_time, host_times,  # noqa: E402
-                             profile, rounds_arg)
+from bench_attention import (HEAD_MIXES, SHAPES, acp_inputs, acp_op, bench, bench_graph, graph_time,  # noqa: E402
+                             host_times, profile, profiled, rounds_arg)
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -48,8 +48,7 @@ def run(tag, shapes, profile_mixed=False):
         for mix, local in HEAD_MIXES.items():
             inputs, w = acp_inputs(B, T, H, D, local_heads=local(H))
 
-            def acp(q, k, v, lf):
-                return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+            acp = acp_op(w)
 
             r = [bench(f, inputs, b) for f in (forgetting_attention, acp) for b in (False, True)]
             g = [bench_graph(f, inputs, b) for f in (forgetting_attention, acp) for b in (False, True)]
@@ -111,16 +110,8 @@ def tile_bound(lo, lf, T, D, bm, bn):
 def kernel_us(fn, inputs):
     """GPU microseconds per kernel name (summed) of one fwd+bwd call of ``fn`` (torch.profiler)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile as tprofile
 
-    q, k, v, lf = (t.detach().requires_grad_() for t in inputs)
-    do = torch.randn_like(q)
-    for _ in range(3):
-        fn(q, k, v, lf).backward(do)
-    torch.cuda.synchronize()
-    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(q, k, v, lf).backward(do)
-        torch.cuda.synchronize()
+    prof = profiled(fn, inputs, cpu=False)
     out = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
@@ -143,8 +134,7 @@ def ceiling(shapes):
         inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
         q, k, v, lf = inputs
 
-        def acp(q, k, v, lf):
-            return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+        acp = acp_op(w)
 
         lo = fa._acp_tables_for(q, k, lf, D ** -0.5, "auto", math.exp(-10), (w, w))[0]
         dense_ms, acp_ms = (bench_graph(f, inputs, True) for f in (forgetting_attention, acp))
@@ -156,7 +146,7 @@ def ceiling(shapes):
         tables = sum(t for n, t in ka.items() if n.startswith("_acp_"))
         rest = dense_ms * 1e3 - sum(tiled.values())
         ceil = dense_ms * 1e3 / (sum(t / bounds[n] for n, t in tiled.items()) + rest + tables)
-        cells = "; ".join(f"{n.replace('_sm90_kernel', '')}: {t:.0f} -> {ka.get(n, 0.0):.0f} "
+        cells = "; ".join(f"{n.replace('_sm90_kernel', '')}: {t:.0f} -> {ka[n]:.0f} "
                           f"({t / ka[n]:.2f}x / {bounds[n]:.2f}x)" for n, t in tiled.items())
         print(f"| {s} | {dense_ms:.3f} | {acp_ms:.3f} | {dense_ms / acp_ms:.2f}x | {cells} | {rest:.0f} | "
               f"{tables:.0f} | {ceil:.2f}x | {dense_ms / acp_ms / ceil:.0%} |", flush=True)
@@ -174,8 +164,7 @@ def spread(shapes, repeats):
         allocs = [acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H)) for _ in range(repeats)]
         times = {}
         for r, (inputs, w) in enumerate(allocs + allocs[:1]):
-            def acp(q, k, v, lf):
-                return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+            acp = acp_op(w)
 
             t = {f"{name} {part}": bench_graph(fn, inputs, bwd) for name, fn in (("dense", forgetting_attention),
                                                                                   ("acp", acp))
@@ -207,8 +196,7 @@ def backward_ab(shapes, rounds):
                     raise SystemExit(f"--backward-ab: the one-kernel backward runs at head dim 64; shape {s} has {D}")
                 inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
 
-                def acp(q, k, v, lf):
-                    return forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+                acp = acp_op(w)
 
                 t = {}
                 for flag in ("0", "1"):
@@ -243,8 +231,8 @@ def host_cost(n=10, reps=15):
         (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=max(1, H // 2))
         q, k, v, lf = (t.detach().requires_grad_() for t in (q, k, v, lf))
         do = torch.randn_like(q)
-        calls = {"dense": lambda: forgetting_attention(q, k, v, lf),
-                 "acp": lambda: forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))}
+        acp = acp_op(w)
+        calls = {"dense": lambda: forgetting_attention(q, k, v, lf), "acp": lambda: acp(q, k, v, lf)}
         for name, fn in calls.items():
             def fwd():
                 with torch.no_grad():

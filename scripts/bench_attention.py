@@ -228,8 +228,9 @@ def sweep(shapes):
                 fa._FORCE_CONFIGS.pop(kind)
 
 
-def profile(fn, inputs, title):
-    """Print the GPU kernels of one forward+backward call of ``fn`` (torch.profiler), largest first."""
+def profiled(fn, inputs, cpu=True):
+    """torch.profiler's record of one forward+backward call of ``fn`` on ``inputs``, after three unrecorded calls
+    (compiles, autotuning); ``cpu``: record the host-side ops too."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
@@ -238,9 +239,15 @@ def profile(fn, inputs, title):
     for _ in range(3):
         fn(q, k, v, lf).backward(do)
     torch.cuda.synchronize()
-    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with tprofile(activities=[ProfilerActivity.CPU] * cpu + [ProfilerActivity.CUDA]) as prof:
         fn(q, k, v, lf).backward(do)
         torch.cuda.synchronize()
+    return prof
+
+
+def profile(fn, inputs, title):
+    """Print the GPU kernels of one forward+backward call of ``fn`` (torch.profiler), largest first."""
+    prof = profiled(fn, inputs)
     print(f"--- profile: {title}", flush=True)
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60), flush=True)
     # the GPU kernels in launch order, with their times (the gaps between them are not shown)
@@ -264,6 +271,14 @@ def acp_inputs(B, T, H, D, local_heads, dtype=torch.bfloat16, device="cuda"):
     return (q, k, v, lf), torch.ones(D, device=device)
 
 
+def acp_op(w):
+    """The op with ACP as the benchmark calls it: threshold "auto" (eps = e^-10) from the QK-norm weights ``w``
+    that ``acp_inputs`` returns; ``fn(q, k, v, lf)``."""
+    from forgetting_transformer.ops import forgetting_attention
+
+    return lambda q, k, v, lf: forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+
+
 def bench_acp(shapes, profile_acp=False, rounds=3):
     """ACP speedup over our own dense time: half the heads local (log f = -1.3), half global (-1e-4), QK-normed
     q / k (RMSNorm, unit weights), threshold 'auto' with eps = e^-10. Dense and ACP are timed alternately for
@@ -276,8 +291,7 @@ def bench_acp(shapes, profile_acp=False, rounds=3):
         B, T, H, D = SHAPES[sname]
         (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
         dense = lambda q, k, v, lf: forgetting_attention(q, k, v, lf)  # noqa: E731
-        acp = lambda q, k, v, lf: forgetting_attention(  # noqa: E731
-            q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+        acp = acp_op(w)
         _, st = forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w), return_stats=True)
         tiles = (st["computed"] + st["pruned"]).sum().item() / st["computed"].sum().item()
         runs = [([bench(f, (q, k, v, lf), bwd) for f in (dense, acp) for bwd in (False, True)],

@@ -106,14 +106,10 @@ def report(path):
              "| --- | ---: | ---: | ---: | ---: | --- |"]
     for name, body in regs:
         s = sum(x[2] for x in body)
-        st = collections.Counter()
-        for x in body:
-            st.update(x[4])
         m = re.search(r"\((\d+) warp iterations\)", name)
         per = f"{s / (int(m.group(1)) / 4):.3f}" if m and int(m.group(1)) else ""  # 4 warps per warpgroup
         cons = f"{s / consumer:.1%}" if ("tile loop" in name or "per item" in name) else ""
-        top = ", ".join(f"{k} {v / max(s, 1):.0%}" for k, v in st.most_common(3) if v)
-        lines.append(f"| {name} | {s / total:.1%} | {cons} | {sum(x[3] for x in body)} | {per} | {top} |")
+        lines.append(f"| {name} | {s / total:.1%} | {cons} | {sum(x[3] for x in body)} | {per} | {top_stalls(body)} |")
         if m:
             lines += path_rows(body, total, consumer)
     print("\n".join(lines), flush=True)
@@ -131,14 +127,19 @@ def path_rows(body, total, consumer):
     rows = []
     for execs, xs in sorted(groups.items(), key=lambda g: g[1][0][0]):
         s = sum(x[2] for x in xs)
-        st = collections.Counter()
-        for x in xs:
-            st.update(x[4])
         per = f"{s / (execs / 4):.3f}" if execs else ""
-        top = ", ".join(f"{k} {v / max(s, 1):.0%}" for k, v in st.most_common(3) if v)
         rows.append(f"| ↳ {len(xs)} instructions run {execs} times | {s / total:.1%} | {s / consumer:.1%} | "
-                    f"{execs * len(xs)} | {per} | {top} |")
+                    f"{execs * len(xs)} | {per} | {top_stalls(xs)} |")
     return rows
+
+
+def top_stalls(xs):
+    """The three largest stall reasons of instructions ``xs`` as shares of their samples."""
+    st = collections.Counter()
+    for x in xs:
+        st.update(x[4])
+    s = sum(x[2] for x in xs)
+    return ", ".join(f"{k} {v / max(s, 1):.0%}" for k, v in st.most_common(3) if v)
 
 
 def launch(kernel, shape, acp, heads="mixed"):

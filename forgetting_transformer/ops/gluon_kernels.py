@@ -178,8 +178,8 @@ def _fwd_tile(acc, m_i, l_i, g, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, ck_b
               s_layout: gl.constexpr, p_layout: gl.constexpr, row_o: gl.constexpr, CAUSAL: gl.constexpr,
               START: gl.constexpr, masked, MASK_AT_RUN_TIME: gl.constexpr):
     """Key block i: S = Q K^T, the softmax, then acc += P V, each MMA waited at once (the consumer warpgroups
-    overlap each other's MMAs and softmax). The masks: ``CAUSAL`` / ``START`` (compile-time variants), or with
-    ``MASK_AT_RUN_TIME`` both where the run-time ``masked`` is true (a branch around them)."""
+    overlap each other's MMAs and softmax). The ``CAUSAL`` / ``START`` masks (``_mask_tile``) on every tile, or with
+    ``MASK_AT_RUN_TIME`` only where the run-time ``masked`` is true (a branch around them)."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_bufs.type.shape[1]
@@ -202,7 +202,7 @@ def _fwd_tile(acc, m_i, l_i, g, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, ck_b
     s = s * qk_scale + gl.expand_dims(dk2, 0)
     if MASK_AT_RUN_TIME:
         if masked:
-            s = _mask_tile(s, n0 + offs_n, pos_q, kstart, True, True)
+            s = _mask_tile(s, n0 + offs_n, pos_q, kstart, CAUSAL, START)
     else:
         s = _mask_tile(s, n0 + offs_n, pos_q, kstart, CAUSAL, START)
     m_new = gl.maximum(m_i, gl.max(s, 1))
