@@ -199,7 +199,10 @@ def _fwd_tile(acc, m_i, l_i, g, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, ck_b
     # part is a per-row constant that cancels in the softmax: _fwd_compute adds it to the log-sum-exp at the
     # end, which saves one add per score
     dk2 = ((tot_k - ck) + g) * LOG2E
-    s = s * qk_scale + gl.expand_dims(dk2, 0)
+    # an explicit FMA: with the ACP loop's branch around the masks, ptxas otherwise multiplies every score by
+    # qk_scale and folds LOG2E into a second op (28 more instructions per tile at head dim 64; docs/benchmarks.md
+    # session 24); the dense kernels' SASS is unchanged by it
+    s = gl.fma(s, qk_scale, gl.expand_dims(dk2, 0))
     if MASK_AT_RUN_TIME:
         if masked:
             s = _mask_tile(s, n0 + offs_n, pos_q, kstart, CAUSAL, START)

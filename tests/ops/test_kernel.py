@@ -629,6 +629,13 @@ def test_kernels_compile_for_sm90(tmp_path):
         loops["'HAS_ACP': True" in line] = sizes
     assert len(loops[False]) == 6 and sum(loops[True]) <= 1.1 * sum(loops[False]), loops
     assert len(list((tmp_path / "sass").glob("sm90_fox_fwd_sm90_kernel_*.sass"))) == 3  # 64 dense / ACP, 128 dense
+    # and it scales the scores and adds the decay in one FFMA per score, as the dense one does: without the explicit
+    # gl.fma, ptxas multiplied each score by qk_scale (a uniform register) and folded LOG2E into a second op, 28
+    # more instructions per tile (docs/benchmarks.md, session 24)
+    scale_muls = {acp: len(re.findall(r"FMUL R\d+, R\d+, UR\d+",
+                                      (tmp_path / "sass" / f"sm90_fox_fwd_sm90_kernel_HEAD_DIM64_HAS_ACP{acp}.sass")
+                                      .read_text())) for acp in (False, True)}
+    assert scale_muls[True] <= scale_muls[False], scale_muls
     fwd = next(line for line in r.stdout.splitlines() if "_attn_fwd_kernel" in line and "'HAS_START': False" in line)
     shared, regs = (int(x) for x in re.search(r"ok \((\d+) bytes shared, (\d+) registers", fwd).groups())
     # the pipelined forward keeps 3 stages of K and V tiles (64 x 64 bf16 each) in shared memory; without the
