@@ -124,8 +124,6 @@ def ceiling(shapes):
     dense call (``TILED``, its time from torch.profiler) sped up by its own tiles' bound, everything else in the
     dense call (prefix sums, set-up, d log f, dq rounding) unchanged, plus ACP's tables:
     dense / (sum kernel / bound + (dense - sum kernel) + tables). Also each kernel's ACP time against its bound."""
-    import math
-
     print("| shape | dense ms | ACP ms | ACP speedup | kernel: dense us -> ACP us (speedup / tile bound) | rest us | "
           "tables us | ceiling | share of the ceiling |")
     print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
@@ -136,7 +134,7 @@ def ceiling(shapes):
 
         acp = acp_op(w)
 
-        lo = fa._acp_tables_for(q, k, lf, D ** -0.5, "auto", math.exp(-10), (w, w))[0]
+        lo = fa._acp_tables_for(q, k, lf, D ** -0.5, "auto", fa._acp.DEFAULT_EPS, (w, w))[0]  # acp_op's tables
         dense_ms, acp_ms = (bench_graph(f, inputs, True) for f in (forgetting_attention, acp))
         kd, ka = kernel_us(forgetting_attention, inputs), kernel_us(acp, inputs)
         tiled = {n: t for n, t in kd.items() if n in TILED}

@@ -271,12 +271,13 @@ def acp_inputs(B, T, H, D, local_heads, dtype=torch.bfloat16, device="cuda"):
     return (q, k, v, lf), torch.ones(D, device=device)
 
 
-def acp_op(w):
+def acp_op(w, **kwargs):
     """The op with ACP as the benchmark calls it: threshold "auto" (eps = e^-10) from the QK-norm weights ``w``
-    that ``acp_inputs`` returns; ``fn(q, k, v, lf)``."""
+    that ``acp_inputs`` returns, plus ``kwargs`` (e.g. ``return_stats=True``); ``fn(q, k, v, lf)``."""
     from forgetting_transformer.ops import forgetting_attention
 
-    return lambda q, k, v, lf: forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w))
+    return lambda q, k, v, lf: forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w),
+                                                    **kwargs)
 
 
 def bench_acp(shapes, profile_acp=False, rounds=3):
@@ -292,7 +293,7 @@ def bench_acp(shapes, profile_acp=False, rounds=3):
         (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
         dense = lambda q, k, v, lf: forgetting_attention(q, k, v, lf)  # noqa: E731
         acp = acp_op(w)
-        _, st = forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w), return_stats=True)
+        _, st = acp_op(w, return_stats=True)(q, k, v, lf)
         tiles = (st["computed"] + st["pruned"]).sum().item() / st["computed"].sum().item()
         runs = [([bench(f, (q, k, v, lf), bwd) for f in (dense, acp) for bwd in (False, True)],
                  [bench_graph(f, (q, k, v, lf), bwd) for f in (dense, acp) for bwd in (False, True)])
