@@ -62,8 +62,6 @@ def run(tag, shapes, profile_mixed=False):
 
 def kernel_times(shapes):
     """Each Gluon kernel alone per head mix (CUDA graph, ms): dense, ACP, and ACP's share of dense."""
-    import math
-
     import torch
 
     print("| shape | mix | kernel | dense ms | ACP ms | dense / ACP |")
@@ -73,7 +71,7 @@ def kernel_times(shapes):
         sm = D ** -0.5
         for mix, local in HEAD_MIXES.items():
             (q, k, v, lf), w = acp_inputs(B, T, H, D, local_heads=local(H))
-            tables = fa._acp_tables_for(q, k, lf, sm, "auto", math.exp(-10), (w, w))[:2]
+            tables = fa._acp_tables_for(q, k, lf, sm, "auto", fa._acp.DEFAULT_EPS, (w, w))[:2]  # acp_op's tables
             do = torch.randn_like(q)
             pk, pq = fa._block_prefix(lf, T)
             res = {}
@@ -85,7 +83,7 @@ def kernel_times(shapes):
                          "dkdv": lambda: fa._bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm, acp_tables=tb)}
                 for kind, call in calls.items():
                     res[(case, kind)] = graph_time(call)
-            res[("acp", "tables")] = graph_time(lambda: fa._acp_tables_for(q, k, lf, sm, "auto", math.exp(-10),
+            res[("acp", "tables")] = graph_time(lambda: fa._acp_tables_for(q, k, lf, sm, "auto", fa._acp.DEFAULT_EPS,
                                                                            (w, w)))
             for kind in ("fwd", "dq", "dkdv"):
                 d, a = res[("dense", kind)], res[("acp", kind)]
