@@ -7,6 +7,7 @@
     python scripts/acp_breakdown.py --backward-ab [--shapes S1,S2] [--rounds 3]
     python scripts/acp_breakdown.py --ceiling [--shapes S1,S2,S3,S4]
     python scripts/acp_breakdown.py --spread 4 [--shapes S2,S3]
+    python scripts/acp_breakdown.py --boundaries [--shapes S1,S2,S3,S4]
 
 Prints one line per shape and head mix: "dense fwd/fwd+bwd ms, ACP fwd/fwd+bwd ms -> speedups", eager and
 replayed from a CUDA graph (GPU time only); --host first prints the host-side cost per call and where it goes
@@ -18,6 +19,9 @@ heads local) with the one-kernel backward and with the dq and dk/dv kernels (``F
 each Gluon kernel's dense time over its own tiles' bound (the forward's 64 x 128 tiles, the backward's 64 x 64),
 the rest of the call unchanged, plus the tables; and each kernel's ACP speedup against its bound. --spread N
 times dense and ACP on N allocations of the inputs and the first again, to see which of the two moves and why.
+--boundaries: dense and ACP (half the heads local) fwd+bwd eager (``bench``) and from a CUDA graph, and inside one
+graph replay (torch.profiler) the kernels' count, the sum of their times and the span from the first one's start to
+the last one's end: the gaps are what the kernel boundaries cost (what programmatic dependent launch could hide).
 docs/kernel.md quotes a run (made at commit 2e5f7e4, before this script shared bench_attention.py's inputs and timer).
 """
 
@@ -30,8 +34,8 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (bench_attention also puts the repo root on sys.path)
-from bench_attention import (HEAD_MIXES, SHAPES, acp_inputs, acp_op, bench, bench_graph, graph_time,  # noqa: E402
-                             host_times, profile, profiled, rounds_arg)
+from bench_attention import (HEAD_MIXES, SHAPES, acp_inputs, acp_op, bench, bench_graph,  # noqa: E402
+                             capture_graph, graph_time, host_times, make_step, profile, profiled, rounds_arg)
 
 fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
 from forgetting_transformer.ops import forgetting_attention  # noqa: E402
@@ -175,6 +179,52 @@ def spread(shapes, repeats):
                                            for key, v in times.items()), flush=True)
         del allocs
         torch.cuda.empty_cache()
+
+
+def replay_gaps(intervals):
+    """(sum of the kernels' own times, span from the first start to the last end) of one call's kernel
+    ``intervals`` [(start, end), ...] (any unit, any order); span - sum is the time between kernels."""
+    if not intervals:
+        raise ValueError("replay_gaps: no kernel intervals (did the profiler record the CUDA activity?)")
+    return sum(e - s for s, e in intervals), max(e for _, e in intervals) - min(s for s, _ in intervals)
+
+
+def boundaries(shapes, replays=10):
+    """Dense and ACP fwd+bwd (half the heads local): eager and CUDA-graph time (ms, ``bench`` / ``bench_graph``,
+    which flush L2 before each call), and per graph replay (medians of ``replays``, each profiled alone, L2 warm)
+    the kernel count, the sum of the kernels' times, their span and the gaps between them (us)."""
+    import statistics
+
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    print("| shape | case | eager ms | CUDA graph ms | kernels | sum of kernel times us | span us | gaps us |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for s in shapes:
+        B, T, H, D = SHAPES[s]
+        inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
+        for case, fn in (("dense", forgetting_attention), ("ACP", acp_op(w))):
+            eager, graph_ms = bench(fn, inputs, True), bench_graph(fn, inputs, True)
+            graph = capture_graph(make_step(fn, inputs, True))
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+            rows = []
+            for _ in range(replays):
+                with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+                    graph.replay()
+                    torch.cuda.synchronize()
+                ks = [(e.time_range.start, e.time_range.end) for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA]
+                rows.append((len(ks),) + replay_gaps(ks))
+            n = statistics.median(r[0] for r in rows)
+            tot = statistics.median(r[1] for r in rows)
+            span = statistics.median(r[2] for r in rows)
+            gaps = statistics.median(r[2] - r[1] for r in rows)
+            print(f"| {s} | {case} | {eager:.4f} | {graph_ms:.4f} | {n:.0f} | {tot:,.1f} | {span:,.1f} | {gaps:.1f} |",
+                  flush=True)
+            del graph
 
 
 def backward_ab(shapes, rounds):
@@ -330,9 +380,14 @@ def main():
                     help="ACP's ceiling from each Gluon kernel's own tile bound, and each kernel against it, instead")
     ap.add_argument("--spread", type=rounds_arg, default=0, metavar="N",
                     help="time dense and ACP on N allocations of the inputs, then the first again, instead (>= 1)")
+    ap.add_argument("--boundaries", action="store_true",
+                    help="eager against CUDA-graph time, and the gaps between a call's kernels, instead")
     ap.add_argument("--rounds", type=rounds_arg, default=3, help="rounds of --backward-ab")
     args = ap.parse_args()
     shapes = args.shapes.split(",")
+    if args.boundaries:
+        boundaries(shapes)
+        return
     if args.backward_ab:
         backward_ab(shapes, args.rounds)
         return

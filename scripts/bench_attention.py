@@ -159,11 +159,8 @@ def host_times(step, n=10, reps=15, warmup=3):
     return ts
 
 
-def graph_time(step):
-    """GPU time of ``step()`` replayed from a CUDA graph (median of do_bench); the first calls (autotuning, compiles)
-    run outside the capture."""
-    import triton
-
+def capture_graph(step):
+    """``step()`` captured in a CUDA graph; the first calls (autotuning, compiles) run before, outside the capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -173,7 +170,14 @@ def graph_time(step):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    return triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+    return graph
+
+
+def graph_time(step):
+    """GPU time of ``step()`` replayed from a CUDA graph (median of do_bench)."""
+    import triton
+
+    return triton.testing.do_bench(capture_graph(step).replay, warmup=25, rep=200, return_mode="median")
 
 
 SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages): the autotuned lists (ops/forgetting_attention.py) and more

@@ -182,6 +182,18 @@ def test_acp_breakdown_tile_bound(monkeypatch):
     assert ab.tile_bound(lo[1:], lf[..., 1:], T, D, 64, 64) == 1.0
 
 
+def test_acp_breakdown_replay_gaps():
+    """``acp_breakdown.replay_gaps`` (--boundaries): the kernels' own times and their span, in any order; the span
+    less the sum is the time between kernels; no interval is an error, not a zero."""
+    sys.path.insert(0, str(SCRIPTS))
+    import acp_breakdown as ab
+
+    assert ab.replay_gaps([(12.0, 20.0), (0.0, 10.0), (20.0, 25.5)]) == (23.5, 25.5)
+    assert ab.replay_gaps([(3.0, 7.0)]) == (4.0, 4.0)
+    with pytest.raises(ValueError, match="no kernel intervals"):
+        ab.replay_gaps([])
+
+
 def test_ncu_breakdown_paths_through_a_tile_loop():
     """A tile loop that branches inside (a head run every iteration, then one of two variants) gets a row per path:
     its instructions grouped by execution count, in address order, samples per warpgroup execution (4 warps)."""
