@@ -173,11 +173,16 @@ def capture_graph(step):
     return graph
 
 
-def graph_time(step):
-    """GPU time of ``step()`` replayed from a CUDA graph (median of do_bench)."""
+def replay_time(graph):
+    """GPU time (ms) of one replay of a captured CUDA ``graph`` (median of do_bench, which flushes L2 before each)."""
     import triton
 
-    return triton.testing.do_bench(capture_graph(step).replay, warmup=25, rep=200, return_mode="median")
+    return triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+
+
+def graph_time(step):
+    """GPU time of ``step()`` replayed from a CUDA graph (``capture_graph``, ``replay_time``)."""
+    return replay_time(capture_graph(step))
 
 
 SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages): the autotuned lists (ops/forgetting_attention.py) and more
