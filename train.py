@@ -31,7 +31,7 @@ from forgetting_transformer.models import build_model, resolve_heads
 from forgetting_transformer.training.checkpoint import TrainState, latest_checkpoint, load_checkpoint, save_checkpoint
 from forgetting_transformer.training.distributed import (broadcast_from_main, init_distributed, mean_across_ranks,
                                                          shutdown)
-from forgetting_transformer.training.evaluate import autocast_context, heldout_loss, per_token_loss
+from forgetting_transformer.training.evaluate import autocast_context, heldout_loss, per_token_loss, spread_rows
 from forgetting_transformer.training.metrics import (MetricsLogger, attention_context, flops_per_token, matmul_params,
                                                      peak_flops, peak_memory_gib)
 from forgetting_transformer.training.optim import build_optimizer
@@ -145,15 +145,15 @@ def main(cfg) -> None:
             preemption.hand_over()  # submitit's SIGUSR2 handler: requeue and exit
             sys.exit(PREEMPTED_EXIT_CODE)
 
-    # Held-out loss on the first batches of heldout.zarr, then L(i) over whole held-out rows (every rank runs the
-    # same batches: FSDP needs all ranks in each forward).
+    # Held-out loss on the first batches of heldout.zarr (all with null), then L(i) over whole held-out rows spread
+    # over the split (every rank runs the same batches: FSDP needs all ranks in each forward).
     heldout = LongCrawl64Dataset(data_dir / "heldout.zarr", cfg.data.seq_len, mb, shuffle=False, **data_kw)
     result = {"step": state.step, "heldout_loss": heldout_loss(model, heldout, cfg.eval.heldout_batches,
                                                                device=device, mixed_precision=autocast)}
     metrics.log(result)
     if cfg.eval.per_token_loss:
         length = cfg.eval.per_token_len or heldout.doc_len
-        rows = list(range(min(cfg.eval.per_token_rows, heldout.num_rows)))
+        rows = spread_rows(heldout.num_rows, cfg.eval.per_token_rows)
         inputs, labels = read_rows(data_dir / "heldout.zarr", rows, length, **data_kw)  # (N, length) each
         curve = per_token_loss(model, inputs, labels, batch_size=mb, device=device, mixed_precision=autocast)
         if dist.is_main:

@@ -60,6 +60,7 @@ class PrepareConfig:
     doc_len: int = 2048
     min_doc_tokens: Optional[int] = None
     heldout_docs: int = 2
+    heldout_inputs: Optional[list] = None  # files or dirs whose documents form the held-out split (then all inputs train)
 
 
 @dataclass
@@ -122,9 +123,9 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    heldout_batches: int = 8  # batches of data.seq_len from heldout.zarr for the held-out loss
+    heldout_batches: Optional[int] = 8  # batches of data.seq_len from heldout.zarr for the held-out loss; null: all
     per_token_loss: bool = True  # after training: L(i) over heldout rows, saved and plotted
-    per_token_rows: int = 8
+    per_token_rows: int = 8  # rows spread evenly over heldout.zarr (all when it has fewer)
     per_token_len: Optional[int] = None  # default: the rows' full length (may exceed data.seq_len)
     window: int = 101
 
@@ -275,3 +276,5 @@ def validate(cfg) -> None:
     _require(cfg.wandb.mode in ("disabled", "offline", "online"), "wandb.mode", cfg.wandb.mode,
              "must be disabled | offline | online")
     _require(cfg.eval.window > 0 and cfg.eval.window % 2 == 1, "eval.window", cfg.eval.window, "must be odd and > 0")
+    _require(cfg.eval.heldout_batches is None or cfg.eval.heldout_batches > 0, "eval.heldout_batches",
+             cfg.eval.heldout_batches, "must be > 0, or null for the whole held-out split")

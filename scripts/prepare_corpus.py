@@ -6,6 +6,7 @@ Examples (from the repo root):
     python scripts/prepare_corpus.py embedded --out data/gutenberg_sample
     python scripts/prepare_corpus.py books/ more.jsonl.xz --out data/mine --vocab-size 8192
     python scripts/prepare_corpus.py corpus.jsonl --out data/gpt2 --tokenizer gpt2 --doc-len 8192
+    python scripts/prepare_corpus.py train-00.jsonl.xz --heldout validation.jsonl.xz --out data/books
 
 The build is idempotent: rerunning with the same settings and unchanged inputs returns at
 once; changed settings rebuild into a temporary directory that is renamed into place.
@@ -46,6 +47,9 @@ def main(argv=None) -> int:
                    help="drop documents with fewer tokens (default: doc-len)")
     p.add_argument("--heldout-docs", type=int, default=2,
                    help="documents held out (after a seeded shuffle) for heldout.zarr (default 2)")
+    p.add_argument("--heldout", nargs="+", default=None, metavar="FILE",
+                   help="files or directories whose documents form heldout.zarr (then every INPUT is train "
+                        "and --heldout-docs is unused): a split fixed in advance, e.g. by author")
     p.add_argument("--text-key", default="text", help="JSON field holding the text (default 'text')")
     p.add_argument("--no-strip-gutenberg", action="store_true",
                    help="keep Project Gutenberg header/footer (default strips them)")
@@ -66,7 +70,7 @@ def main(argv=None) -> int:
             a.out, inputs=inputs, tokenizer=a.tokenizer, vocab_size=a.vocab_size, doc_len=a.doc_len,
             min_doc_tokens=a.min_doc_tokens, heldout_docs=a.heldout_docs, text_key=a.text_key,
             strip_gutenberg=not a.no_strip_gutenberg, max_docs=a.max_docs, hf_dataset=a.hf_dataset,
-            hf_split=a.hf_split, seed=a.seed, progress=not a.quiet, force=a.force,
+            hf_split=a.hf_split, seed=a.seed, heldout_inputs=a.heldout, progress=not a.quiet, force=a.force,
         )
     except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)

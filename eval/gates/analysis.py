@@ -173,7 +173,8 @@ def pruned_elements(log_f: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
 
 
 def acp_layer_stats(attn, q, k, log_f, *, block=(64, 64), threshold="auto", eps: float = acp.DEFAULT_EPS) -> dict:
-    """ACP of one layer on one sequence, per head: ``delta`` (the threshold), forward ``tiles_pruned`` /
+    """ACP of one layer on one sequence, per head: ``delta`` (the threshold), ``mean_log_fgate`` (the mean log f
+    over the sequence: -1 / it is the head's decay time in tokens), forward ``tiles_pruned`` /
     ``tiles_total`` (causal BLOCK_M x BLOCK_N tiles, the kernel's unit of work) and their ratio ``tile_fraction``,
     and ``element_fraction``: the share of the T(T+1)/2 causal (i, j) with c_i - c_j < delta.
 
@@ -190,7 +191,8 @@ def acp_layer_stats(attn, q, k, log_f, *, block=(64, 64), threshold="auto", eps:
     tiles = acp.tile_stats(log_f, delta, T, block[0], block[1])
     total = tiles["computed"] + tiles["pruned"]
     elements = pruned_elements(log_f, delta)
-    return {"delta": delta[0].tolist(), "tiles_pruned": tiles["pruned"][0].tolist(),
+    return {"delta": delta[0].tolist(), "mean_log_fgate": log_f[0].double().mean(0).tolist(),
+            "tiles_pruned": tiles["pruned"][0].tolist(),
             "tiles_total": total[0].tolist(),
             "tile_fraction": (tiles["pruned"][0].double() / total[0].double()).tolist(),
             "element_fraction": (elements[0].double() / (T * (T + 1) / 2)).tolist()}

@@ -33,17 +33,21 @@ def cumulative_average(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x) / np.arange(1, len(x) + 1)
 
 
-def plot_per_token_loss(result_files, out_png, *, window: int = 101, logx: bool = False) -> Path:
+def plot_per_token_loss(result_files, out_png, *, window: int = 101, logx: bool = False,
+                        labels: list[str] | None = None) -> Path:
     """Left: the smoothed L(i) of several results overlaid; right: their cumulative averages. A dashed line marks
-    each model's training length."""
+    each model's training length. ``labels`` (one per file) replace the files' names in the legend."""
+    if labels is not None and len(labels) != len(result_files):
+        raise ValueError(f"{len(labels)} labels for {len(result_files)} result files")
     fig, (ax, ax_cum) = plt.subplots(1, 2, figsize=(12, 4.5))
     train_lens = set()
-    for path in result_files:
+    for i, path in enumerate(result_files):
         res = json.loads(Path(path).read_text())
+        name = labels[i] if labels is not None else res["name"]
         loss = np.asarray(res["loss"])
         pos = np.arange(1, len(loss) + 1)
-        line, = ax.plot(pos, moving_average(loss, window), label=res["name"], linewidth=1.5)
-        ax_cum.plot(pos, cumulative_average(loss), label=res["name"], linewidth=1.5, color=line.get_color())
+        line, = ax.plot(pos, moving_average(loss, window), label=name, linewidth=1.5)
+        ax_cum.plot(pos, cumulative_average(loss), label=name, linewidth=1.5, color=line.get_color())
         if res["train_len"] is not None:  # unknown for Hugging Face exports
             train_lens.add(res["train_len"])
     for a in (ax, ax_cum):

@@ -18,7 +18,8 @@ import torch
 from eval.common import load_model_and_tokenizer, load_run
 from eval.per_token_loss.plot import plot_per_token_loss
 from forgetting_transformer.data import read_rows
-from forgetting_transformer.training.evaluate import per_token_loss
+from forgetting_transformer.data.longcrawl64 import open_token_array
+from forgetting_transformer.training.evaluate import per_token_loss, spread_rows
 
 
 def _load(path, step, device, data_dir):
@@ -38,7 +39,7 @@ def evaluate_run(run_dir, out_dir, *, rows: int, length: int | None, batch_size:
                  data_dir: str | None = None, step: int | None = None, name: str | None = None) -> Path:
     model, model_name, train_len, step, source, data_dir, vocab_size, bos_id = _load(run_dir, step, device, data_dir)
     heldout = Path(data_dir) / "heldout.zarr"
-    row_ids = list(range(rows))
+    row_ids = spread_rows(int(open_token_array(heldout).shape[0]), rows)
     if length is None and train_len is None:
         raise ValueError("pass --length for a Hugging Face directory (it records no training length)")
     inputs, labels = read_rows(heldout, row_ids, length or train_len, vocab_size=vocab_size,
@@ -50,7 +51,7 @@ def evaluate_run(run_dir, out_dir, *, rows: int, length: int | None, batch_size:
     out = Path(out_dir) / f"{Path(run_dir).name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"name": name, "train_len": train_len, "step": step, "checkpoint": source,
-                               "rows": row_ids, "loss": curve.tolist()}))
+                               "data": str(heldout), "rows": row_ids, "loss": curve.tolist()}))
     print(f"{name}: mean L = {curve.mean():.4f} over {len(row_ids)} rows x {len(curve)} tokens → {out}")
     return out
 
@@ -59,7 +60,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories written by train.py, or Hugging Face exports")
     p.add_argument("--out", required=True, help="output directory for JSON files and the plot")
-    p.add_argument("--rows", type=int, default=8, help="held-out rows to average over")
+    p.add_argument("--rows", type=int, default=8, help="held-out rows to average over, spread evenly over the split")
     p.add_argument("--length", type=int, default=None, help="tokens per row (default: the training seq_len)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--data-dir", default=None, help="default: the run's data.data_dir")

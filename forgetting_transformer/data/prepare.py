@@ -223,11 +223,11 @@ def _fingerprint(inputs) -> list:
 
 
 def _settings(inputs, *, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, text_key,
-              strip_gutenberg, max_docs, hf_dataset, hf_split, seed) -> dict[str, Any]:
+              strip_gutenberg, max_docs, hf_dataset, hf_split, seed, heldout_inputs=None) -> dict[str, Any]:
     tok = tokenizer
     if tok not in ("train-bpe", "gpt2"):
         tok = str(Path(tok).resolve())
-    return {
+    settings = {
         "format_version": FORMAT_VERSION,
         "inputs": [_input_record(p) for p in (inputs or [])],
         "input_files": _fingerprint(inputs),
@@ -243,14 +243,20 @@ def _settings(inputs, *, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout
         "hf_split": hf_split if hf_dataset else None,
         "seed": int(seed),
     }
+    if heldout_inputs:  # these files are the held-out split (heldout_docs unused); all of inputs is train
+        settings["heldout_inputs"] = [_input_record(p) for p in heldout_inputs]
+        settings["heldout_files"] = _fingerprint(heldout_inputs)
+    return settings
 
 
 def _validate_args(inputs, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, max_docs,
-                   hf_dataset):
+                   hf_dataset, heldout_inputs=None):
     if not inputs and not hf_dataset:
         raise ValueError("no inputs given (pass text/jsonl files or directories, or hf_dataset)")
     if isinstance(inputs, (str, os.PathLike)):
         raise TypeError("inputs must be a list of paths, not a single path")
+    if isinstance(heldout_inputs, (str, os.PathLike)):
+        raise TypeError("heldout_inputs must be a list of paths, not a single path")
     if doc_len is None or int(doc_len) < 2:
         raise ValueError(f"doc_len must be >= 2, got {doc_len!r}")
     if min_doc_tokens is not None and int(min_doc_tokens) < 1:
@@ -273,18 +279,23 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
                    doc_len: int = 2048, min_doc_tokens: int | None = None, heldout_docs: int = 2,
                    text_key: str = "text", strip_gutenberg: bool = True, max_docs: int | None = None,
                    hf_dataset: str | None = None, hf_split: str = "train", seed: int = 0,
-                   progress: bool = True, _print_summary: bool = True) -> dict:
+                   heldout_inputs=None, progress: bool = True, _print_summary: bool = True) -> dict:
     """Build a LongCrawl64-format directory at ``out_dir`` (which must not exist or be empty)
-    and return its meta dict. Prefer :func:`ensure_prepared`, which is idempotent and atomic."""
+    and return its meta dict. Prefer :func:`ensure_prepared`, which is idempotent and atomic.
+
+    The held-out split is ``heldout_docs`` documents drawn by a seeded shuffle, or, with
+    ``heldout_inputs`` (files or directories), exactly the documents of those files (then every
+    document of ``inputs`` is train: a corpus whose split is fixed, e.g. by author)."""
     import zarr
     from tqdm.auto import tqdm
 
     _validate_args(inputs, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, max_docs,
-                   hf_dataset)
+                   hf_dataset, heldout_inputs)
     settings = _settings(inputs, tokenizer=tokenizer, vocab_size=vocab_size, doc_len=doc_len,
                          min_doc_tokens=min_doc_tokens, heldout_docs=heldout_docs,
                          text_key=text_key, strip_gutenberg=strip_gutenberg, max_docs=max_docs,
-                         hf_dataset=hf_dataset, hf_split=hf_split, seed=seed)
+                         hf_dataset=hf_dataset, hf_split=hf_split, seed=seed,
+                         heldout_inputs=heldout_inputs)
     doc_len = settings["doc_len"]
     min_tokens = settings["min_doc_tokens"]
     out_dir = Path(out_dir)
@@ -303,17 +314,29 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
             break
         sources.append(src)
         texts.append(strip_gutenberg_boilerplate(text) if strip_gutenberg else text)
+    n_inputs = len(texts)
+    if heldout_inputs:
+        for src, text in iter_documents(heldout_inputs, text_key=text_key):
+            sources.append(src)
+            texts.append(strip_gutenberg_boilerplate(text) if strip_gutenberg else text)
     n_docs = len(texts)
-    if n_docs < heldout_docs + 1:
-        raise ValueError(
-            f"found {n_docs} documents but need at least heldout_docs+1={heldout_docs + 1} "
-            f"(heldout_docs for heldout plus one for train)"
-        )
 
-    # 2. deterministic split: seeded shuffle of document order, the last heldout_docs are heldout
-    order = np.random.default_rng(seed).permutation(n_docs)
-    split_docs = {"train": [int(i) for i in order[: n_docs - heldout_docs]],
-                  "heldout": [int(i) for i in order[n_docs - heldout_docs:]]}
+    # 2. deterministic split: the held-out files' documents, or a seeded shuffle of document order
+    #    whose last heldout_docs are held out
+    if heldout_inputs:
+        if n_inputs == 0 or n_docs == n_inputs:
+            key, paths = ("inputs", inputs) if n_inputs == 0 else ("heldout_inputs", heldout_inputs)
+            raise ValueError(f"{key} hold no documents: {[str(p) for p in paths]}")
+        split_docs = {"train": list(range(n_inputs)), "heldout": list(range(n_inputs, n_docs))}
+    else:
+        if n_docs < heldout_docs + 1:
+            raise ValueError(
+                f"found {n_docs} documents but need at least heldout_docs+1={heldout_docs + 1} "
+                f"(heldout_docs for heldout plus one for train)"
+            )
+        order = np.random.default_rng(seed).permutation(n_docs)
+        split_docs = {"train": [int(i) for i in order[: n_docs - heldout_docs]],
+                      "heldout": [int(i) for i in order[n_docs - heldout_docs:]]}
 
     # 3. tokenizer (trained on the train split only)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -471,8 +494,8 @@ def ensure_prepared(out_dir, *, inputs=None, tokenizer: str = "train-bpe", vocab
                     doc_len: int = 2048, min_doc_tokens: int | None = None, heldout_docs: int = 2,
                     text_key: str = "text", strip_gutenberg: bool = True,
                     max_docs: int | None = None, hf_dataset: str | None = None,
-                    hf_split: str = "train", seed: int = 0, progress: bool = True,
-                    force: bool = False) -> Path:
+                    hf_split: str = "train", seed: int = 0, heldout_inputs=None,
+                    progress: bool = True, force: bool = False) -> Path:
     """Return ``out_dir`` once it holds a build with exactly these settings.
 
     If ``out_dir/meta.json`` records the same settings (and the input files' sizes/mtimes are
@@ -487,9 +510,9 @@ def ensure_prepared(out_dir, *, inputs=None, tokenizer: str = "train-bpe", vocab
     kw = dict(tokenizer=tokenizer, vocab_size=vocab_size, doc_len=doc_len,
               min_doc_tokens=min_doc_tokens, heldout_docs=heldout_docs, text_key=text_key,
               strip_gutenberg=strip_gutenberg, max_docs=max_docs, hf_dataset=hf_dataset,
-              hf_split=hf_split, seed=seed)
+              hf_split=hf_split, seed=seed, heldout_inputs=heldout_inputs)
     _validate_args(inputs, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, max_docs,
-                   hf_dataset)
+                   hf_dataset, heldout_inputs)
     wanted = _settings(inputs, **kw)
 
     def up_to_date() -> bool:
@@ -538,7 +561,7 @@ def ensure_prepared(out_dir, *, inputs=None, tokenizer: str = "train-bpe", vocab
 
 
 _PREPARE_KEYS = ("tokenizer", "vocab_size", "doc_len", "min_doc_tokens", "heldout_docs", "text_key",
-                 "strip_gutenberg", "max_docs", "hf_dataset", "hf_split", "seed")
+                 "strip_gutenberg", "max_docs", "hf_dataset", "hf_split", "seed", "heldout_inputs")
 
 
 def _cfg_get(cfg, key, default=None):
@@ -573,6 +596,7 @@ def ensure_data(data_cfg, cache_dir=None, *, progress: bool = True) -> Path:
         kw = {k: _cfg_get(prep, k) for k in _PREPARE_KEYS if _cfg_get(prep, k) is not None}
         if _cfg_get(prep, "min_doc_tokens") is None:
             kw["min_doc_tokens"] = None
+        kw["heldout_inputs"] = [str(p) for p in kw.get("heldout_inputs") or []] or None
         return ensure_prepared(data_dir, inputs=inputs or None, progress=progress, **kw)
     missing = [n for n in ("train.zarr", "heldout.zarr") if not (data_dir / n).exists()]
     if missing:

@@ -30,9 +30,19 @@ def per_token_loss(model, inputs: torch.Tensor, labels: torch.Tensor, *, batch_s
     return (total / inputs.shape[0]).numpy()
 
 
+def spread_rows(num_rows: int, n: int) -> list[int]:
+    """``n`` row indices spread evenly over ``range(num_rows)``, first and last included (all rows when there are
+    fewer): a per-token-loss curve then averages over many documents, not the first few of a split."""
+    if n >= num_rows:
+        return list(range(num_rows))
+    return [int(i) for i in np.linspace(0, num_rows - 1, n).round()]
+
+
 @torch.no_grad()
-def heldout_loss(model, dataset, num_batches: int, *, device: torch.device, mixed_precision: bool = False) -> float:
-    """Mean token loss over the first ``num_batches`` batches of an (unshuffled) dataset."""
+def heldout_loss(model, dataset, num_batches: int | None, *, device: torch.device,
+                 mixed_precision: bool = False) -> float:
+    """Mean token loss over the first ``num_batches`` batches of an (unshuffled) dataset; None: all of them."""
+    num_batches = dataset.steps_per_epoch if num_batches is None else num_batches
     if num_batches > dataset.steps_per_epoch:
         raise ValueError(f"eval.heldout_batches={num_batches} exceeds the {dataset.steps_per_epoch} batches the "
                          "held-out split holds at this batch size and seq_len")

@@ -367,3 +367,42 @@ def test_ensure_data(corpus, tmp_path):
     assert ensure_data({"data_dir": str(out), "prepare": None}) == out  # plain directory use
     ensure_data(cfg, progress=False)
     assert (out / "meta.json").stat().st_mtime_ns == mtime
+
+
+def test_heldout_inputs_fix_the_split_and_the_tokenizer_sees_train_only(corpus, tmp_path):
+    """--heldout FILE: that file's documents are heldout.zarr, every other input is train (no shuffle), and
+    the BPE is trained on train text alone: a word only the held-out file has never becomes one token."""
+    rng = np.random.default_rng(5)
+    held = tmp_path / "held.jsonl"
+    only_heldout = "zyzzyva"
+    held.write_text("\n".join(json.dumps({"text": words(rng, 300) + f" {only_heldout}" * 50}) for _ in range(2)) + "\n")
+    out = tmp_path / "split"
+    meta = ensure_prepared(out, inputs=[corpus["root"] / "b.jsonl", corpus["root"] / "c.jsonl.xz"],
+                           heldout_inputs=[held], **KW)
+    meta = json.loads((out / "meta.json").read_text())
+    docs = read_docs(out)
+    assert [d["split"] for d in docs] == ["train"] * 5 + ["heldout"] * 2
+    assert all(d["source"].startswith(str(held)) for d in docs if d["split"] == "heldout")
+    assert meta["stats"]["heldout"]["docs"] == 2 and meta["stats"]["train"]["docs"] == 5
+    assert meta["settings"]["heldout_inputs"] == [str(held.resolve())]
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    assert tok.token_to_id("Ġ" + only_heldout) is None and tok.token_to_id(only_heldout) is None
+    held_rows = np.asarray(zarr.open_array(str(out / "heldout.zarr"), mode="r"))
+    first = next(d for d in docs if d["split"] == "heldout")
+    ids = tok.encode(json.loads(held.read_text().splitlines()[0])["text"]).ids
+    np.testing.assert_array_equal(held_rows[0], ids[:64])
+    assert first["first_row"] == 0
+    # the same call is up to date; a changed held-out file rebuilds
+    mtime = (out / "meta.json").stat().st_mtime_ns
+    ensure_prepared(out, inputs=[corpus["root"] / "b.jsonl", corpus["root"] / "c.jsonl.xz"], heldout_inputs=[held], **KW)
+    assert (out / "meta.json").stat().st_mtime_ns == mtime
+    held.write_text(held.read_text() + json.dumps({"text": words(rng, 200)}) + "\n")
+    ensure_prepared(out, inputs=[corpus["root"] / "b.jsonl", corpus["root"] / "c.jsonl.xz"], heldout_inputs=[held], **KW)
+    assert json.loads((out / "meta.json").read_text())["stats"]["heldout"]["docs"] == 3
+
+
+def test_heldout_inputs_without_documents_is_an_error(corpus, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="heldout_inputs hold no documents"):
+        prepare_corpus([corpus["root"] / "b.jsonl"], tmp_path / "o", heldout_inputs=[empty], **KW)

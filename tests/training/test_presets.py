@@ -63,3 +63,26 @@ def test_preset_matches_the_paper(name):
     assert abs(exact_tokens / named_tokens - 1) < 0.01 and exact_tokens % TOKENS_PER_STEP == 0
     assert cfg.optim.lr == lr
     assert lr_at(WARMUP, cfg.optim, cfg.schedule) == lr and lr_at(exact_tokens, cfg.optim, cfg.schedule) == 0.0
+
+
+BOOKS = CONFIGS / "experiment" / "books"
+RESULTS = CONFIGS.parent / "results" / "books"
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in BOOKS.glob("*.yaml")))
+def test_books_preset_follows_the_protocol_and_the_sweeps_pick(preset):
+    """Every books preset: 125M (12 x 768, heads of 64), 4,096-token context, 32 x 4,096 tokens per step, 400 steps,
+    warmup 10%, cosine to 0, compiled; its lr is its family's pick in the committed sweep results."""
+    from eval.reproduction import load_results, picks
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment=books/{preset}", "data.data_dir=/data/books"])
+    validate(cfg)
+    assert cfg.model.name == preset.removesuffix("_125m") and cfg.data.name == "books"
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.head_dim) == (12, 768, 64)
+    assert cfg.data.seq_len == 4096 and cfg.train.batch_size == 32 and cfg.data.vocab_size == 16384
+    assert cfg.schedule.total_tokens == 400 * 32 * 4096 and cfg.schedule.warmup_tokens == 40 * 32 * 4096
+    assert cfg.schedule.min_lr_ratio == 0.0 and cfg.strategy.compile and cfg.eval.heldout_batches is None
+    assert cfg.eval.per_token_len == 16384
+    family = "fox" if preset.startswith("fox") else "transformer"
+    assert cfg.optim.lr == picks(load_results(RESULTS))[family]

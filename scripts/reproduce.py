@@ -1,0 +1,512 @@
+#!/usr/bin/env python
+"""Reproduce the FoX and ACP papers' claims at small scale: train every model of the suite on the Gutenberg books,
+evaluate it, and keep the small result files (docs/reproduction.md).
+
+    python scripts/reproduce.py books --corpus CORPUS --out results/books --parts lr      # one part
+    python scripts/reproduce.py books --corpus CORPUS --out results/books --parts all     # the whole suite
+    python scripts/reproduce.py books --out results/books --report --doc docs/reproduction.md   # tables + plots
+    python scripts/reproduce.py books --corpus CORPUS --out results/books --parts main --dry-run
+
+CORPUS holds the book shards (``train-00.jsonl.xz`` ..., ``validation.jsonl.xz``); ``--shards`` names the train
+shards used (default ``train-00,train-01``). The data step tokenizes them into ``--data-dir`` with the suite's
+byte-level BPE (16,384 tokens, trained on the train split the first time and kept as ``OUT/tokenizer.json`` so
+that every later part tokenizes identically) in rows of 16,384 tokens.
+
+Parts (each one under 10 minutes on a machine of two H100s, data preparation included: ``lr`` took 7.4 minutes,
+``lr-wide`` 7.0; ``lr`` and ``lr-wide`` first, since the others train at the sweep's picks):
+
+    lr         FoX (Pro) and Transformer (Pro), peak lr 1e-3 and 2e-3, seed 0
+    lr-wide    the same at 5e-4 and 4e-3: with ``lr``, a 4-point sweep per model
+    main       FoX (Pro) and Transformer (Pro) seed 1; FoX (LLaMA) and Transformer (LLaMA), seed 0
+    ablations  Table 3 from FoX (Pro): - KV-shift, - output gate, - output norm, - QK-norm
+    gates      Table 3 (cont.): data-independent and fixed forget gates, FoX (Pro) + RoPE, Transformer w/o RoPE
+    acp        FoX (Pro) with ACP (model.acp=true), seeds 0 and 1, checkpoints kept to measure pruning over training
+
+Every FoX model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick. Runs go
+one per GPU (``--gpus``, default every visible GPU); each trains with ``train.py experiment=books/<model>_125m``,
+then evaluates (per-token loss to 16,384 tokens; needle in a haystack for the main models; the forget-gate and ACP
+analysis for the FoX models), and its small files land in ``OUT/runs/<run>/``. A run whose ``done.json`` exists is
+skipped, so re-running a part finishes what an interrupted call left; checkpoints stay in ``--work``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SIZE = "125m"
+VOCAB_SIZE, DOC_LEN = 16384, 16384
+DEFAULT_SHARDS = ("train-00", "train-01")
+FAMILY_MODEL = {"fox": "fox_pro", "transformer": "transformer_pro"}  # the pair whose sweep sets each family's lr
+SWEEP = {"lr": (1e-3, 2e-3), "lr-wide": (5e-4, 4e-3)}
+NIAH_LENGTHS, NIAH_DEPTHS = "2k,4k,8k,16k", "0,50,100"
+GATES_LEN, ACP_LEN = 1024, 4096  # tokens of a held-out book: F / A maps; ACP statistics (the training length)
+ACP_CHECKPOINTS = 8  # the ACP runs keep this many checkpoints, evenly spaced, to measure pruning over training
+SMALL_FILES = ("config.yaml", "metrics.jsonl", "per_token_loss.json")
+
+
+@dataclass
+class Run:
+    """One training run of the suite and the evaluations that follow it."""
+
+    label: str  # model or ablation name, e.g. fox_pro, fox_pro_no_kv_shift
+    model: str  # the preset's model: experiment=books/<model>_125m
+    family: str  # fox | transformer: whose learning-rate pick it trains at
+    part: str
+    seed: int = 0
+    lr: float | None = None  # None: the family's pick of the sweep
+    overrides: list = field(default_factory=list)
+    niah: bool = False
+    gates: bool = False  # F / A maps of a held-out book (ACP statistics: every run with a forget gate)
+    acp_trajectory: bool = False
+
+    def name(self, lr: float) -> str:
+        return f"{self.label}-lr{lr:g}-s{self.seed}"
+
+
+def suite() -> list[Run]:
+    """Every run of the suite, part by part (the table in the module docstring)."""
+    runs = []
+    for part, lrs in SWEEP.items():
+        for lr in lrs:
+            runs += [Run("fox_pro", "fox_pro", "fox", part, lr=lr),
+                     Run("transformer_pro", "transformer_pro", "transformer", part, lr=lr)]
+    runs += [Run("fox_pro", "fox_pro", "fox", "main", seed=1, niah=True, gates=True),
+             Run("transformer_pro", "transformer_pro", "transformer", "main", seed=1, niah=True),
+             Run("fox_llama", "fox_llama", "fox", "main", niah=True, gates=True),
+             Run("transformer_llama", "transformer_llama", "transformer", "main", niah=True)]
+    for switch in ("kv_shift", "output_gate", "output_norm", "qk_norm"):
+        runs.append(Run(f"fox_pro_no_{switch}", "fox_pro", "fox", "ablations", overrides=[f"model.{switch}=false"]))
+    runs += [Run("fox_pro_data_independent", "fox_pro_data_independent", "fox", "gates"),
+             Run("fox_pro_fixed", "fox_pro_fixed", "fox", "gates"),
+             Run("fox_pro_rope", "fox_pro_rope", "fox", "gates"),
+             Run("transformer_llama_no_rope", "transformer_llama", "transformer", "gates",
+                 overrides=["model.rope=false"])]
+    for seed in (0, 1):
+        runs.append(Run("fox_pro_acp", "fox_pro", "fox", "acp", seed=seed, overrides=["model.acp=true"],
+                        acp_trajectory=seed == 0))
+    return runs
+
+
+PARTS = ("lr", "lr-wide", "main", "ablations", "gates", "acp")
+
+
+# ----------------------------------------------------------------------------------------------------- learning rates
+
+
+def heldout(run_dir: Path) -> float | None:
+    """The held-out loss a finished run logged last (None if it has none; inf if it diverged)."""
+    if (run_dir / "failed.json").is_file():
+        return float("inf")
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    losses = [r["heldout_loss"] for r in rows if "heldout_loss" in r]
+    return float(losses[-1]) if losses else None
+
+
+def sweep_lrs() -> list[float]:
+    return sorted(lr for lrs in SWEEP.values() for lr in lrs)
+
+
+def pick_lr(out: Path, family: str) -> float:
+    """The sweep point of the family's model with the lowest held-out loss; an error names the sweep runs missing."""
+    model = FAMILY_MODEL[family]
+    losses, missing = {}, []
+    for lr in sweep_lrs():
+        name = Run(model, model, family, "lr", lr=lr).name(lr)
+        done = out / "runs" / name / "done.json"
+        loss = heldout(out / "runs" / name) if done.is_file() else None
+        if loss is None:
+            missing.append(name)
+        losses[lr] = loss
+    if missing:
+        raise SystemExit(f"the {family} learning rate comes from the sweep, which lacks {', '.join(missing)}: "
+                         f"run --parts lr,lr-wide first")
+    return min(losses, key=losses.get)
+
+
+def planned(runs: list[Run], out: Path, parts: list[str]) -> list[tuple[Run, float]]:
+    """(run, lr) for every run of the given parts, the sweep's picks filled in."""
+    picks: dict[str, float] = {}
+    todo = []
+    for run in runs:
+        if run.part not in parts:
+            continue
+        if run.lr is None and run.family not in picks:
+            picks[run.family] = pick_lr(out, run.family)
+        todo.append((run, run.lr if run.lr is not None else picks[run.family]))
+    return todo
+
+
+# ----------------------------------------------------------------------------------------------------- data
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepare_data(corpus: Path, shards: list[str], data_dir: Path, out: Path, work: Path, *,
+                 vocab_size: int = VOCAB_SIZE, doc_len: int = DOC_LEN) -> dict:
+    """Tokenize the shards (idempotent), keep the tokenizer in ``out``, and write the held-out texts the
+    evaluations read: one book for the gate analysis, several joined as the needle-in-a-haystack haystack."""
+    from forgetting_transformer.data.prepare import ensure_prepared, iter_documents, strip_gutenberg_boilerplate
+
+    train = [corpus / f"{s}.jsonl.xz" for s in shards]
+    heldout = corpus / "validation.jsonl.xz"
+    for f in [*train, heldout]:
+        if not f.is_file():
+            raise SystemExit(f"--corpus {corpus}: {f.name} not found (expected the book shards and validation file)")
+    kept_tok = out / "tokenizer.json"
+    tokenizer = str(kept_tok) if kept_tok.is_file() else "train-bpe"
+    ensure_prepared(data_dir, inputs=train, heldout_inputs=[heldout], tokenizer=tokenizer, vocab_size=vocab_size,
+                    doc_len=doc_len)
+    out.mkdir(parents=True, exist_ok=True)
+    if not kept_tok.is_file():
+        shutil.copyfile(data_dir / "tokenizer.json", kept_tok)
+    meta = json.loads((data_dir / "meta.json").read_text())
+    record = {"shards": {f.name: sha256(f) for f in [*train, heldout]}, "tokenizer_sha256": sha256(kept_tok),
+              "vocab_size": meta["vocab_size"], "bos_id": meta["bos_id"], "doc_len": meta["doc_len"],
+              "train": meta["stats"]["train"], "heldout": meta["stats"]["heldout"]}
+    data_json = out / "data.json"
+    if data_json.is_file():
+        before = json.loads(data_json.read_text())
+        if before["shards"] != record["shards"] or before["tokenizer_sha256"] != record["tokenizer_sha256"]:
+            raise SystemExit(f"{data_json} records other shards or another tokenizer than this call's data "
+                             f"({sorted(before['shards'])} vs {sorted(record['shards'])}): results of two corpora "
+                             "would mix; pass another --out")
+    data_json.write_text(json.dumps(record, indent=1) + "\n")
+    work.mkdir(parents=True, exist_ok=True)
+    books = [strip_gutenberg_boilerplate(t) for _, t in iter_documents([heldout])]
+    (work / "heldout_book.txt").write_text(books[0], encoding="utf-8")
+    (work / "haystack.txt").write_text("\n\n".join(books[1:6]), encoding="utf-8")
+    return record
+
+
+# ----------------------------------------------------------------------------------------------------- one run
+
+
+def steps_of(run_cmd: list[str]) -> int:
+    """Optimizer steps of a train.py command (composed with Hydra, as train.py does)."""
+    from hydra import compose, initialize_config_dir
+
+    from forgetting_transformer.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=run_cmd)
+    return -(-int(cfg.schedule.total_tokens) // (cfg.train.batch_size * cfg.data.seq_len))
+
+
+def train_overrides(run: Run, lr: float, data_dir: Path, run_dir: Path, extra: list[str]) -> list[str]:
+    """train.py's overrides for a run: its preset, lr, seed and switches, then ``extra`` (--override)."""
+    base = [f"experiment=books/{run.model}_{SIZE}", f"data.data_dir={data_dir}", f"output_dir={run_dir}",
+            f"optim.lr={lr}", f"seed={run.seed}"]
+    cmd = base + run.overrides + list(extra)
+    if run.acp_trajectory:
+        every = max(1, steps_of(cmd) // ACP_CHECKPOINTS)
+        cmd += [f"train.checkpoint_every={every}", f"train.keep_checkpoints={ACP_CHECKPOINTS + 1}"]
+    return cmd
+
+
+def eval_commands(run: Run, run_dir: Path, work: Path, niah_lengths: str = NIAH_LENGTHS) -> list[list[str]]:
+    py = sys.executable
+    cmds = []
+    if run.niah:
+        for mode in ("easy", "standard"):
+            cmds.append([py, "-m", "eval.niah.run", str(run_dir), "--out", str(run_dir / "niah"), "--mode", mode,
+                         "--haystack", str(work / "haystack.txt"), "--lengths", niah_lengths,
+                         "--depths", NIAH_DEPTHS])
+    if run.model.startswith("fox"):
+        book = str(work / "heldout_book.txt")
+        cmds.append([py, "-m", "eval.gates.run", "--run", str(run_dir), "--text-file", book, "--what", "acp",
+                     "--length", str(ACP_LEN), "--out", str(run_dir / "acp")])
+        if run.gates:
+            cmds.append([py, "-m", "eval.gates.run", "--run", str(run_dir), "--text-file", book, "--what", "F,A",
+                         "--length", str(GATES_LEN), "--out", str(run_dir / "gates")])
+    if run.acp_trajectory:
+        cmds.append([py, str(Path(__file__).resolve()), "_acp-trajectory", str(run_dir),
+                     str(work / "heldout_book.txt")])
+    return cmds
+
+
+def acp_trajectory(run_dir: Path, text_file: Path) -> Path:
+    """ACP's pruned share of the forward tiles at every kept checkpoint of a run, on the first ACP_LEN tokens of
+    ``text_file`` → ``run_dir/acp_over_training.json``."""
+    import torch
+
+    from eval.common import load_model_and_tokenizer
+    from eval.gates.run import analyze, text_tokens
+    from forgetting_transformer.training.checkpoint import checkpoint_dirs
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for ckpt in checkpoint_dirs(run_dir / "checkpoints"):
+        step = int(ckpt.name[5:])
+        hf, tok, _ = load_model_and_tokenizer(run_dir, step=step, device=device)
+        ids = torch.tensor([text_tokens(tok, text_file.read_text(encoding="utf-8"), ACP_LEN)], device=device)
+        files = analyze(hf.model.float().eval(), ids, run_dir / "acp_steps" / f"step_{step}", what=["acp"],
+                        progress=False)
+        rec = json.loads(files["acp"].read_text())
+        rows.append({"step": step, "tile_fraction": rec["tile_fraction"], "element_fraction": rec["element_fraction"]})
+        print(f"step {step}: ACP prunes {100 * rec['tile_fraction']:.1f}% of the forward tiles", flush=True)
+    out = run_dir / "acp_over_training.json"
+    out.write_text(json.dumps({"tokens": ACP_LEN, "text": str(text_file), "checkpoints": rows}, indent=1) + "\n")
+    return out
+
+
+def environment(gpu: str | None) -> dict:
+    """The device a run used (``gpu``: its index among this process's devices) and the library versions."""
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name(int(gpu)) if gpu is not None and torch.cuda.is_available() else "cpu"
+    return {"device": gpu, "torch": torch.__version__, "triton": triton.__version__,
+            "python": sys.version.split()[0]}
+
+
+def keep_results(run_dir: Path, dest: Path, record: dict) -> None:
+    """Copy a run's small files to ``dest`` (L(i) rounded to 5 decimals) and write ``done.json`` last."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in SMALL_FILES:
+        if (run_dir / name).is_file():
+            shutil.copyfile(run_dir / name, dest / name)
+    ptl = dest / "per_token_loss.json"
+    if ptl.is_file():
+        res = json.loads(ptl.read_text())
+        res["loss"] = [round(x, 5) for x in res["loss"]]
+        ptl.write_text(json.dumps(res))
+    for sub, patterns in (("niah", ("*.json", "*.png")), ("gates", ("gates.json", "gates.png")),
+                          ("acp", ("acp.json", "acp.png"))):
+        for pattern in patterns:
+            for f in (run_dir / sub).glob(pattern) if (run_dir / sub).is_dir() else []:
+                (dest / sub).mkdir(exist_ok=True)
+                shutil.copyfile(f, dest / sub / f.name)
+    if (run_dir / "acp_over_training.json").is_file():
+        shutil.copyfile(run_dir / "acp_over_training.json", dest / "acp_over_training.json")
+    (dest / "done.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+class Job:
+    """A run in flight: train.py, then its evaluations, each a subprocess on one GPU, logged to ``run_dir/log``."""
+
+    def __init__(self, run: Run, lr: float, gpu: str | None, args):
+        self.run, self.lr, self.gpu, self.args = run, lr, gpu, args
+        self.name = run.name(lr)
+        self.run_dir = args.work / self.name
+        self.dest = args.out / "runs" / self.name
+        self.status, self.ok, self.t0 = "queued", False, None
+
+    def _call(self, cmd: list[str], log) -> int:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1")
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        t0 = time.time()
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        log.write(f"(exit {rc} after {time.time() - t0:.1f} s)\n")
+        log.flush()
+        return rc
+
+    def __call__(self) -> None:
+        self.t0 = time.time()
+        if self.run_dir.exists():  # an interrupted earlier attempt: a run dir never mixes two runs
+            shutil.rmtree(self.run_dir)
+        self.run_dir.mkdir(parents=True)
+        train_cmd = [sys.executable, str(ROOT / "train.py"),
+                     *train_overrides(self.run, self.lr, self.args.data_dir, self.run_dir, self.args.override)]
+        with open(self.run_dir / "log", "w") as log:
+            self.status = "training"
+            rc = self._call(train_cmd, log)
+            if rc == 0:
+                for cmd in eval_commands(self.run, self.run_dir, self.args.work, self.args.niah_lengths):
+                    self.status = f"evaluating ({cmd[2] if cmd[1] == '-m' else 'ACP over training'})"
+                    rc = self._call(cmd, log)
+                    if rc:
+                        break
+        shutil.copyfile(self.run_dir / "log", self.run_dir / "train.log")
+        record = {"run": self.name, "part": self.run.part, "label": self.run.label, "model": self.run.model,
+                  "seed": self.run.seed, "lr": self.lr, "overrides": self.run.overrides,
+                  "command": "python train.py " + " ".join(train_cmd[2:]),
+                  "wall_s": round(time.time() - self.t0, 1), **environment(self.gpu)}
+        if rc:
+            tail = (self.run_dir / "log").read_text(errors="replace")[-3000:]
+            diverged = "FloatingPointError" in tail
+            self.status = "diverged" if diverged else f"failed (exit {rc})"
+            if diverged:  # a result of the sweep: kept, like a finished run
+                self.dest.mkdir(parents=True, exist_ok=True)
+                (self.dest / "failed.json").write_text(json.dumps({**record, "log_tail": tail}, indent=1) + "\n")
+                keep_results(self.run_dir, self.dest, record)
+            return
+        keep_results(self.run_dir, self.dest, record)
+        shutil.copyfile(self.run_dir / "train.log", self.dest / "train.log")
+        self.status, self.ok = "done", True
+
+    def progress(self) -> str:
+        """The job's state and the last metrics line train.py printed."""
+        last = ""
+        log = self.run_dir / "log"
+        if log.is_file():
+            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("step ")]
+            last = lines[-1][:100] if lines else ""
+        elapsed = f"{time.time() - self.t0:.0f} s" if self.t0 else ""
+        return f"  {self.name} [gpu {self.gpu}] {self.status} {elapsed} {last}"
+
+
+def run_jobs(jobs: list[Job], gpus: list[str | None], every: float = 10.0) -> None:
+    """Run the jobs, one per GPU at a time; a status line per job every ``every`` seconds."""
+    free, lock, threads = list(gpus), threading.Lock(), []
+    queue = list(jobs)
+    last = time.time()
+    while queue or any(t.is_alive() for t in threads):
+        with lock:
+            for t in [t for t in threads if not t.is_alive()]:
+                threads.remove(t)
+                free.append(t.job.gpu)
+                print(f"{t.job.name}: {t.job.status} in {time.time() - t.job.t0:.0f} s", flush=True)
+            while queue and free:
+                job = queue.pop(0)
+                job.gpu = free.pop(0)
+                t = threading.Thread(target=job, daemon=True)
+                t.job = job
+                t.start()
+                threads.append(t)
+                print(f"{job.name}: started on gpu {job.gpu}", flush=True)
+        if time.time() - last >= every:
+            last = time.time()
+            print("\n".join(t.job.progress() for t in threads), flush=True)
+        time.sleep(1.0)
+
+
+# ----------------------------------------------------------------------------------------------------- entry
+
+
+def visible_gpus(spec: str | None) -> list[str | None]:
+    if spec:
+        return [g.strip() for g in spec.split(",") if g.strip()]
+    import torch
+
+    n = torch.cuda.device_count()
+    return [str(i) for i in range(n)] if n else [None]
+
+
+def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["_acp-trajectory"]:  # internal: the ACP runs' evaluation step (eval_commands)
+        acp_trajectory(Path(argv[1]), Path(argv[2]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", choices=["books"], help="the suite to run (the Gutenberg books)")
+    p.add_argument("--out", type=Path, required=True, help="where the small result files go (e.g. results/books)")
+    p.add_argument("--corpus", type=Path, help="directory of the book shards and validation.jsonl.xz")
+    p.add_argument("--shards", default=",".join(DEFAULT_SHARDS), help="train shards used (default %(default)s)")
+    p.add_argument("--parts", default="", help=f"comma-separated parts of {','.join(PARTS)}, or all")
+    p.add_argument("--data-dir", type=Path, default=ROOT / ".cache" / "books", help="tokenized data (zarr)")
+    p.add_argument("--work", type=Path, default=ROOT / "outputs" / "reproduce",
+                   help="run directories with their checkpoints (default %(default)s)")
+    p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1 (default: every visible GPU)")
+    p.add_argument("--override", nargs="*", default=[], help="extra train.py overrides for every run (tests: a "
+                   "tiny model and a few steps); results written with overrides are not the suite's")
+    p.add_argument("--only", default=None, help="only the runs whose name matches this pattern (fnmatch), e.g. "
+                   "'fox_pro-*'")
+    p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help=argparse.SUPPRESS)  # tests: a tiny corpus
+    p.add_argument("--doc-len", type=int, default=DOC_LEN, help=argparse.SUPPRESS)
+    p.add_argument("--niah-lengths", default=NIAH_LENGTHS, help=argparse.SUPPRESS)
+    p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, train nothing")
+    p.add_argument("--report", action="store_true", help="write OUT/report.md and the plots from OUT's result files")
+    p.add_argument("--doc", type=Path, default=None, help="with --report: also rewrite this document's generated "
+                   "tables (docs/reproduction.md) and put the plots beside its images (docs/images/)")
+    a = p.parse_args(argv)
+    a.out, a.work, a.data_dir = a.out.resolve(), a.work.resolve(), a.data_dir.resolve()
+    parts = list(PARTS) if a.parts == "all" else [x.strip() for x in a.parts.split(",") if x.strip()]
+    bad = [x for x in parts if x not in PARTS]
+    if bad:
+        p.error(f"--parts {a.parts}: unknown part(s) {', '.join(bad)}; choose from {', '.join(PARTS)} or all")
+    if not parts and not a.report:
+        p.error("nothing to do: pass --parts and/or --report")
+    if parts:
+        if a.corpus is None:
+            p.error("--parts needs --corpus (the directory of the book shards)")
+        run_parts(a, parts)
+    if a.report:
+        from eval.reproduction import render_tables, update_doc, write_report
+
+        try:
+            print(write_report(a.out, a.doc.parent / "images" if a.doc else None))
+            if a.doc:
+                print(update_doc(a.doc, render_tables(a.out)))
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"error: {e}") from None
+    return 0
+
+
+def pending(a, parts: list[str]) -> list[tuple[Run, float]]:
+    """The runs of these parts that have no ``done.json`` yet (done ones are named and skipped)."""
+    todo = []
+    for run, lr in planned(suite(), a.out, parts):
+        if a.only and not fnmatch.fnmatch(run.name(lr), a.only):
+            continue
+        if (a.out / "runs" / run.name(lr) / "done.json").is_file():
+            print(f"{run.name(lr)}: done, skipped")
+        else:
+            todo.append((run, lr))
+    return todo
+
+
+def run_parts(a, parts: list[str]) -> None:
+    """The sweep's parts first, pooled over the GPUs, then the parts that take its picks, pooled likewise."""
+    groups = [[x for x in parts if x in SWEEP], [x for x in parts if x not in SWEEP]]
+    if a.dry_run:
+        for group in groups:
+            try:
+                todo = pending(a, group)
+            except SystemExit as e:  # the sweep has not run yet: its picks are unknown
+                print(f"{', '.join(group)}: {e}")
+                continue
+            for run, lr in todo:
+                cmd = train_overrides(run, lr, a.data_dir, a.work / run.name(lr), a.override)
+                print(f"{run.name(lr)} [{run.part}]: python train.py {' '.join(cmd)}")
+        return
+    t0 = time.time()
+    record = prepare_data(a.corpus, [s.strip() for s in a.shards.split(",")], a.data_dir, a.out, a.work,
+                          vocab_size=a.vocab_size, doc_len=a.doc_len)
+    # the data's own vocabulary and bos id, so a run can never read ids of another tokenizer
+    a.override = [f"data.vocab_size={record['vocab_size']}", f"data.bos_id={record['bos_id']}", *a.override]
+    print(f"data: {record['train']['tokens_kept']:,} train and {record['heldout']['tokens_kept']:,} held-out tokens "
+          f"from {', '.join(record['shards'])} in {time.time() - t0:.0f} s", flush=True)
+    jobs = []
+    for group in groups:
+        if group:
+            jobs += (batch := [Job(run, lr, None, a) for run, lr in pending(a, group)])
+            run_jobs(batch, visible_gpus(a.gpus))
+    failed = [j for j in jobs if not j.ok]
+    print(f"{len(jobs) - len(failed)} of {len(jobs)} runs done in {time.time() - t0:.0f} s; results in {a.out}")
+    for j in failed:
+        print(f"  {j.name}: {j.status}; log: {j.run_dir / 'log'}")
+    if any(j.status.startswith("failed") for j in failed):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

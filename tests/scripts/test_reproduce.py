@@ -1,0 +1,167 @@
+"""scripts/reproduce.py at a toy size on the CPU: every part trains, evaluates and writes its result files, a rerun
+skips what is done, the sweep picks the learning rates the later parts train at, and the report and the
+reproduction tables regenerate from the result files alone."""
+
+import importlib.util
+import json
+import lzma
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forgetting_transformer.data.prepare import EMBEDDED_CORPUS, iter_documents
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
+rp = importlib.util.module_from_spec(spec)
+sys.modules["reproduce"] = rp  # its dataclasses look their module up
+spec.loader.exec_module(rp)
+
+TOY = ["model.n_layers=2", "model.d_model=64", "model.head_dim=32", "data.seq_len=128", "train.batch_size=4",
+       "train.micro_batch_size=4", "train.log_every=2", "schedule.warmup_tokens=512", "schedule.total_tokens=4096",
+       "strategy.compile=false", "eval.heldout_batches=2", "eval.per_token_rows=2", "eval.per_token_len=512",
+       "eval.window=11"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Book shards cut from the embedded sample: two train shards and a validation file, as the corpus lays them."""
+    root = tmp_path_factory.mktemp("corpus")
+    books = [t for _, t in iter_documents([EMBEDDED_CORPUS])]
+    for name, part in (("train-00", books[0:3]), ("train-01", books[3:6]), ("validation", books[6:9])):
+        with lzma.open(root / f"{name}.jsonl.xz", "wt", encoding="utf-8") as f:
+            for i, text in enumerate(part):
+                f.write(json.dumps({"id": i, "text": text[:60000]}) + "\n")
+    return root
+
+
+def reproduce(corpus, tmp, *args):
+    cmd = [sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(corpus),
+           "--out", str(tmp / "results"), "--work", str(tmp / "work"), "--data-dir", str(tmp / "data"),
+           "--vocab-size", "512", "--doc-len", "512", "--niah-lengths", "256,512", *args, "--override", *TOY]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture(scope="module")
+def suite(corpus, tmp_path_factory):
+    """The whole suite at the toy size: the sweep's parts first (the others refuse to start without them)."""
+    tmp = tmp_path_factory.mktemp("suite")
+    early = reproduce(corpus, tmp, "--parts", "main")
+    assert early.returncode != 0 and "run --parts lr,lr-wide first" in early.stderr, early.stderr[-2000:]
+    res = reproduce(corpus, tmp, "--parts", "all")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return tmp, res
+
+
+def runs_of(tmp):
+    return {p.name: json.loads((p / "done.json").read_text()) for p in (tmp / "results" / "runs").iterdir()}
+
+
+def test_every_run_of_every_part_is_done_with_its_files(suite):
+    tmp, _ = suite
+    runs = runs_of(tmp)
+    assert len(runs) == len(rp.suite()) == 22
+    assert {d["part"] for d in runs.values()} == set(rp.PARTS)
+    for name, done in runs.items():
+        d = tmp / "results" / "runs" / name
+        for f in ("config.yaml", "metrics.jsonl", "per_token_loss.json", "train.log"):
+            assert (d / f).is_file(), (name, f)
+        assert done["device"] == "cpu" and done["command"].startswith("python train.py experiment=books/")
+        assert (d / "acp" / "acp.json").is_file() == done["model"].startswith("fox"), name
+        assert (d / "niah").is_dir() == (done["part"] == "main"), name
+    fox = tmp / "results" / "runs" / next(n for n in runs if n.startswith("fox_pro-") and runs[n]["part"] == "main")
+    niah = sorted(p.name for p in (fox / "niah").glob("*.json"))
+    assert niah == [f"{fox.name}_easy.json", f"{fox.name}_standard.json"]
+    assert (fox / "gates" / "gates.png").is_file()
+    assert not list((tmp / "results").rglob("*.npz")) and not list((tmp / "results").rglob("checkpoints"))
+
+
+def test_later_parts_train_at_the_sweeps_picks(suite):
+    tmp, _ = suite
+    runs = runs_of(tmp)
+    out = tmp / "results"
+    for family, model in rp.FAMILY_MODEL.items():
+        sweep = {d["lr"]: rp.heldout(out / "runs" / n) for n, d in runs.items()
+                 if d["label"] == model and d["part"].startswith("lr")}
+        assert sorted(sweep) == rp.sweep_lrs()
+        pick = min(sweep, key=sweep.get)
+        assert rp.pick_lr(out, family) == pick
+        later = [d for d in runs.values() if not d["part"].startswith("lr")
+                 and (d["model"].startswith("fox") == (family == "fox"))]
+        assert later and all(d["lr"] == pick and f"optim.lr={pick}" in d["command"] for d in later)
+    ablation = runs[next(n for n in runs if n.startswith("fox_pro_no_qk_norm"))]
+    assert "model.qk_norm=false" in ablation["command"]
+
+
+def test_acp_runs_measure_pruning_over_training(suite):
+    tmp, _ = suite
+    acp = [p for p in (tmp / "results" / "runs").iterdir() if p.name.startswith("fox_pro_acp")]
+    assert len(acp) == 2
+    traj = json.loads(next(p for p in acp if p.name.endswith("-s0")).joinpath("acp_over_training.json").read_text())
+    steps = [c["step"] for c in traj["checkpoints"]]
+    assert steps == list(range(1, 9))  # 8 steps, a checkpoint each (ACP_CHECKPOINTS evenly spaced)
+    assert all(0 <= c["tile_fraction"] <= 1 for c in traj["checkpoints"])
+    assert "model.acp=true" in json.loads((acp[0] / "done.json").read_text())["command"]
+
+
+def test_a_rerun_skips_every_finished_run(corpus, suite):
+    tmp, _ = suite
+    before = {p: p.stat().st_mtime_ns for p in (tmp / "results" / "runs").rglob("done.json")}
+    again = reproduce(corpus, tmp, "--parts", "all")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.count("done, skipped") == 22 and "started" not in again.stdout
+    assert {p: p.stat().st_mtime_ns for p in (tmp / "results" / "runs").rglob("done.json")} == before
+
+
+def test_report_and_tables_regenerate_from_the_files_alone(suite):
+    tmp, _ = suite
+    from eval.reproduction import render_tables, write_report
+
+    tables = render_tables(tmp / "results")
+    assert set(tables) == {"sweep", "claim1", "claim2", "claim3", "claim4", "claim5", "claim6", "runs"}
+    assert not [k for k, v in tables.items() if "Not run yet" in v]
+    assert tables["claim3"].count("\n|") >= 11  # header, rule and the ten Table 3 rows
+    report = write_report(tmp / "results", tmp / "images")
+    assert "## claim4" in report.read_text()
+    assert (tmp / "images" / "books_per_token_loss.png").stat().st_size > 10_000
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--table", "books", "--inputs",
+                          str(tmp / "results")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "### claim1" in res.stdout and "FoX (Pro)" in res.stdout, res.stderr
+
+
+def test_dry_run_lists_the_commands_and_trains_nothing(corpus, tmp_path):
+    res = reproduce(corpus, tmp_path, "--parts", "lr", "--dry-run")
+    assert res.returncode == 0
+    assert res.stdout.count("python train.py experiment=books/") == 4 and not (tmp_path / "work").exists()
+
+
+def test_a_corpus_without_its_files_is_an_error(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(tmp_path),
+                          "--out", str(tmp_path / "o"), "--parts", "lr"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode != 0 and "train-00.jsonl.xz not found" in res.stderr
+
+
+def test_the_committed_doc_holds_the_tables_of_the_committed_results():
+    """docs/reproduction.md regenerates without a GPU: its generated tables are those of results/books."""
+    from eval.reproduction import doc_blocks, render_tables
+
+    blocks = doc_blocks((ROOT / "docs" / "reproduction.md").read_text())
+    tables = render_tables(ROOT / "results" / "books")
+    assert set(blocks) == set(tables)
+    for name, text in tables.items():
+        assert blocks[name] == text, f"docs/reproduction.md table '{name}' is stale: run scripts/reproduce.py " \
+                                     "books --out results/books --report --doc docs/reproduction.md"
+
+
+def test_update_doc_rewrites_only_the_marked_tables(tmp_path):
+    from eval.reproduction import update_doc
+
+    doc = tmp_path / "d.md"
+    doc.write_text("intro\n<!-- begin table: a -->\nold\n<!-- end table: a -->\nprose stays\n")
+    update_doc(doc, {"a": "| new |", "b": "unused"})
+    assert doc.read_text() == "intro\n<!-- begin table: a -->\n| new |\n<!-- end table: a -->\nprose stays\n"
+    doc.write_text("<!-- begin table: z -->\n<!-- end table: z -->\n")
+    with pytest.raises(ValueError, match="table 'z' is not one of"):
+        update_doc(doc, {"a": ""})
