@@ -118,6 +118,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
     max_steps: Optional[int] = None  # stop early (the schedule still follows schedule.total_tokens)
+    nonfinite: str = "stop"  # a NaN/inf gradient norm (or loss): stop (error naming the step) | skip (that update)
     peak_tflops: Optional[float] = None  # per-device peak for MFU; default: looked up by GPU name (none on CPU)
 
 
@@ -151,6 +152,7 @@ class Config:
     cache_dir: str = MISSING
     seed: int = 0
     resume: bool = False
+    overwrite: bool = False  # true: delete the run already in output_dir (without resume) before starting
 
 
 SCHEMAS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
@@ -273,6 +275,7 @@ def validate(cfg) -> None:
     for key in ("log_every", "checkpoint_every", "keep_checkpoints"):
         _require(t[key] > 0, f"train.{key}", t[key], "must be > 0")
     _require(t.max_steps is None or t.max_steps > 0, "train.max_steps", t.max_steps, "must be > 0 or null")
+    _require(t.nonfinite in ("stop", "skip"), "train.nonfinite", t.nonfinite, "must be stop | skip")
     _require(cfg.wandb.mode in ("disabled", "offline", "online"), "wandb.mode", cfg.wandb.mode,
              "must be disabled | offline | online")
     _require(cfg.eval.window > 0 and cfg.eval.window % 2 == 1, "eval.window", cfg.eval.window, "must be odd and > 0")

@@ -97,12 +97,14 @@ class MetricsLogger:
         if self.enabled:
             print(message, flush=True)
 
-    def truncate_after(self, step: int) -> None:
-        """Drop rows logged after ``step`` (they were produced after the checkpoint a run resumes from)."""
+    def truncate_for_resume(self, step: int) -> None:
+        """Keep the rows of the state a run resumes from (``step``; 0 without a checkpoint): drop training rows
+        after it and every evaluation row (``heldout_loss``) from it on, since the resumed run logs them again."""
         if not self.enabled or not self.path.exists():
             return
         rows = [line for line in self.path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if json.loads(r).get("step", 0) <= step]
+        kept = [r for r in rows if (row := json.loads(r)).get("step", 0) <= step
+                and not ("heldout_loss" in row and row["step"] >= step)]
         self.path.write_text("".join(r + "\n" for r in kept))
 
     def log(self, record: dict) -> None:

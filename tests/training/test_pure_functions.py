@@ -73,9 +73,15 @@ def test_metrics_logger_writes_rows_and_truncates_for_resume(tmp_path, capsys):
     for step in (1, 2, 3):
         log.log({"step": step, "loss": 1.0 / step, "mfu": None})
     assert "step 2 | loss 0.5 | mfu n/a" in capsys.readouterr().out
-    log.truncate_after(2)
+    log.log({"step": 3, "heldout_loss": 2.5})
+    log.truncate_for_resume(3)  # a finished run resumed: its evaluation row is redone, not duplicated
+    rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], "heldout_loss" in r) for r in rows] == [(1, False), (2, False), (3, False)]
+    log.truncate_for_resume(2)
     rows = [json.loads(r) for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and math.isclose(rows[1]["loss"], 0.5)
+    log.truncate_for_resume(0)  # resumed without a checkpoint: starts from step 0, keeps no row
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
 def test_cumulative_average():

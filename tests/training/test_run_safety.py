@@ -1,0 +1,141 @@
+"""Runs are never silently wrong (train.py in subprocesses, CPU): a used run dir is refused unless resumed or
+overwritten, a failed start leaves no run dir, a resume falls back from a damaged checkpoint and keeps
+metrics.jsonl matching the state it resumed from, a non-finite gradient stops or skips the update and never
+reaches a checkpoint, user errors print their message without a traceback, and train.log holds the console."""
+
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from forgetting_transformer.training.checkpoint import TrainState, checkpoint_dirs, params_finite, save_checkpoint
+from test_train_e2e import command, rows, run
+
+SHORT = ("eval.per_token_loss=false",)
+
+
+def losses(out):
+    return [(r["step"], r.get("loss"), r.get("heldout_loss")) for r in rows(out)]
+
+
+def test_a_used_run_dir_is_refused_and_overwrite_replaces_it(markov_data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run(command(markov_data_dir, out, "train.max_steps=2", *SHORT)).returncode == 0
+    shutil.rmtree(out / "checkpoints")  # an earlier run without checkpoints still owns the dir
+    res = run(command(markov_data_dir, out, "train.max_steps=3", *SHORT))
+    assert res.returncode != 0 and "already holds another run" in res.stderr and "overwrite=true" in res.stderr
+    assert "Traceback" not in res.stderr and [r[0] for r in losses(out)] == [1, 2, 2]  # untouched
+    res = run(command(markov_data_dir, out, "train.max_steps=3", "overwrite=true", *SHORT))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [r[0] for r in losses(out)] == [1, 2, 3, 3]  # the new run's rows only
+
+
+def test_a_failed_start_leaves_no_run_dir_and_no_traceback(markov_data_dir, tmp_path):
+    out = tmp_path / "bad"
+    res = run(command(markov_data_dir, out, "optim.lr=-0.1"))
+    assert res.returncode == 1 and res.stderr.strip().splitlines()[-1].startswith("error: invalid config: optim.lr")
+    assert "Traceback" not in res.stderr and not out.exists()
+    res = run(command(tmp_path / "no_data", out))
+    assert res.returncode == 1 and "train.zarr" in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists()
+    full = run(command(markov_data_dir, out, "optim.lr=-0.1"), env={**os.environ, "HYDRA_FULL_ERROR": "1"})
+    assert full.returncode != 0 and "Traceback" in full.stderr
+
+
+def test_resume_without_a_checkpoint_starts_over_with_a_clean_log(markov_data_dir, tmp_path):
+    ref = tmp_path / "ref"
+    assert run(command(markov_data_dir, ref, "train.max_steps=3", *SHORT)).returncode == 0
+    out = tmp_path / "run"
+    assert run(command(markov_data_dir, out, "train.max_steps=3", *SHORT)).returncode == 0
+    shutil.rmtree(out / "checkpoints")  # as if killed before its first checkpoint
+    res = run(command(markov_data_dir, out, "train.max_steps=3", "resume=true", *SHORT))
+    assert res.returncode == 0 and "no checkpoint in" in res.stdout
+    assert losses(out) == losses(ref)  # steps 1, 2, 3 once, not 1, 2, 3, 1, 2, 3
+
+
+def test_resume_of_a_finished_run_is_idempotent(markov_data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run(command(markov_data_dir, out, "train.max_steps=4", *SHORT)).returncode == 0
+    before = losses(out)
+    res = run(command(markov_data_dir, out, "train.max_steps=4", "resume=true", *SHORT))
+    assert res.returncode == 0 and losses(out) == before and sum(r[2] is not None for r in before) == 1
+
+
+def test_resume_falls_back_from_a_damaged_checkpoint(markov_data_dir, tmp_path):
+    ref = tmp_path / "ref"
+    assert run(command(markov_data_dir, ref, *SHORT)).returncode == 0
+    out = tmp_path / "run"
+    assert run(command(markov_data_dir, out, "train.max_steps=8", *SHORT)).returncode == 0
+    newest = out / "checkpoints" / "step_00000008"
+    shard = max((p for p in newest.iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])  # truncated shard
+    res = run(command(markov_data_dir, out, "resume=true", *SHORT))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"checkpoint {newest} does not load" in res.stdout and "step_00000004: the newer" in res.stdout
+    assert losses(out) == losses(ref)  # steps 5.. redone from step 4: the uninterrupted run's numbers
+
+
+def test_no_loadable_checkpoint_names_every_one_tried(markov_data_dir, tmp_path):
+    out = tmp_path / "run"
+    assert run(command(markov_data_dir, out, "train.max_steps=8", *SHORT)).returncode == 0
+    for ckpt in checkpoint_dirs(out / "checkpoints"):
+        (ckpt / ".metadata").unlink()
+    res = run(command(markov_data_dir, out, "resume=true", *SHORT))
+    assert res.returncode != 0 and "step_00000004" in res.stderr and "step_00000008" in res.stderr
+    assert "no checkpoint under" in res.stderr
+
+
+def test_a_nonfinite_gradient_stops_the_run_before_any_bad_checkpoint(markov_data_dir, tmp_path):
+    out = tmp_path / "run"
+    res = run(command(markov_data_dir, out, "optim.lr=1e30", "schedule.warmup_tokens=0", *SHORT))
+    assert res.returncode == 1 and "error: gradient norm is nan at step" in res.stderr, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and "the update was not applied" in res.stderr
+    assert checkpoint_dirs(out / "checkpoints") == []  # stopped at step 2, before any checkpoint
+    assert "error: gradient norm is nan" in (out / "train.log").read_text()
+    assert [r[0] for r in losses(out)] == [1]  # the diverged step 2 logs no row
+
+
+def test_nonfinite_skip_drops_the_update_and_goes_on(markov_data_dir, tmp_path):
+    out = tmp_path / "run"
+    res = run(command(markov_data_dir, out, "optim.lr=1e30", "schedule.warmup_tokens=0", "train.nonfinite=skip",
+                      *SHORT))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "update skipped (train.nonfinite=skip)" in res.stdout
+    assert [r[0] for r in losses(out)][-1] == 12
+
+
+def test_save_checkpoint_refuses_nonfinite_weights(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.1), data=_NoData(), step=5)
+    assert params_finite(model)
+    save_checkpoint(state, tmp_path / "ckpt", keep=2)
+    with torch.no_grad():
+        model.weight[0, 1] = math.inf
+    assert not params_finite(model)
+    state.step = 6
+    with pytest.raises(FloatingPointError, match="NaN or inf at step 6.*step_00000005"):
+        save_checkpoint(state, tmp_path / "ckpt", keep=2)
+    assert [p.name for p in checkpoint_dirs(tmp_path / "ckpt")] == ["step_00000005"]
+
+
+class _NoData:
+    def state_dict(self):
+        return {"position": 0}
+
+    def load_state_dict(self, sd):
+        pass
+
+
+def test_train_log_holds_the_console(markov_data_dir, tmp_path):
+    out = tmp_path / "run"
+    res = run(command(markov_data_dir, out, "train.max_steps=3", *SHORT))
+    assert res.returncode == 0
+    log = (out / "train.log").read_text()
+    for line in res.stdout.splitlines():
+        assert line in log, line
+    assert "output dir:" in log and "step 3 | loss" in log and "done in" in log
+    res = run(command(markov_data_dir, out, "train.max_steps=4", "resume=true", *SHORT))
+    log = (out / "train.log").read_text()
+    assert log.count("output dir:") == 2 and "resumed from" in log  # the resumed run continues its own log
