@@ -71,6 +71,7 @@ class DataConfig:
     vocab_size: int = MISSING
     bos_id: int = MISSING
     shuffle: bool = True
+    skip_zero_rows: bool = False  # true: skip (and count) train sequences of all-zero rows instead of refusing them
     prepare: Optional[PrepareConfig] = None  # set: build data_dir from a corpus on first run (idempotent)
 
 

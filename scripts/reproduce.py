@@ -313,6 +313,7 @@ class Job:
         self.run, self.lr, self.gpu, self.args = run, lr, gpu, args
         self.name = run.name(lr)
         self.run_dir = args.work / self.name
+        self.log_path = args.work / f"{self.name}.log"  # beside the run dir, which holds train.py's run alone
         self.dest = args.out / "runs" / self.name
         self.status, self.ok, self.t0 = "queued", False, None
 
@@ -332,10 +333,10 @@ class Job:
         self.t0 = time.time()
         if self.run_dir.exists():  # an interrupted earlier attempt: a run dir never mixes two runs
             shutil.rmtree(self.run_dir)
-        self.run_dir.mkdir(parents=True)
+        self.args.work.mkdir(parents=True, exist_ok=True)
         train_cmd = [sys.executable, str(ROOT / "train.py"),
                      *train_overrides(self.run, self.lr, self.args.data_dir, self.run_dir, self.args.override)]
-        with open(self.run_dir / "log", "w") as log:
+        with open(self.log_path, "w") as log:
             self.status = "training"
             rc = self._call(train_cmd, log)
             if rc == 0:
@@ -344,28 +345,29 @@ class Job:
                     rc = self._call(cmd, log)
                     if rc:
                         break
-        shutil.copyfile(self.run_dir / "log", self.run_dir / "train.log")
         record = {"run": self.name, "part": self.run.part, "label": self.run.label, "model": self.run.model,
                   "seed": self.run.seed, "lr": self.lr, "overrides": self.run.overrides,
                   "command": "python train.py " + " ".join(train_cmd[2:]),
                   "wall_s": round(time.time() - self.t0, 1), **environment(self.gpu)}
         if rc:
-            tail = (self.run_dir / "log").read_text(errors="replace")[-3000:]
+            tail = self.log_path.read_text(errors="replace")[-3000:]
             diverged = "FloatingPointError" in tail
             self.status = "diverged" if diverged else f"failed (exit {rc})"
             if diverged:  # a result of the sweep: kept, like a finished run
                 self.dest.mkdir(parents=True, exist_ok=True)
                 (self.dest / "failed.json").write_text(json.dumps({**record, "log_tail": tail}, indent=1) + "\n")
+                shutil.copyfile(self.log_path, self.dest / "train.log")
                 keep_results(self.run_dir, self.dest, record)
             return
-        keep_results(self.run_dir, self.dest, record)
-        shutil.copyfile(self.run_dir / "train.log", self.dest / "train.log")
+        self.dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(self.log_path, self.dest / "train.log")  # train.py's console and the evaluations'
+        keep_results(self.run_dir, self.dest, record)  # done.json last
         self.status, self.ok = "done", True
 
     def progress(self) -> str:
         """The job's state and the last metrics line train.py printed."""
         last = ""
-        log = self.run_dir / "log"
+        log = self.log_path
         if log.is_file():
             lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("step ")]
             last = lines[-1][:100] if lines else ""
@@ -503,7 +505,7 @@ def run_parts(a, parts: list[str]) -> None:
     failed = [j for j in jobs if not j.ok]
     print(f"{len(jobs) - len(failed)} of {len(jobs)} runs done in {time.time() - t0:.0f} s; results in {a.out}")
     for j in failed:
-        print(f"  {j.name}: {j.status}; log: {j.run_dir / 'log'}")
+        print(f"  {j.name}: {j.status}; log: {j.log_path}")
     if any(j.status.startswith("failed") for j in failed):
         raise SystemExit(1)
 

@@ -315,7 +315,7 @@ def test_out_of_range_token_detected_in_every_batch(tmp_path):
 
 
 def test_negative_token_detected(tmp_path):
-    data = np.zeros((2, 8), dtype=np.int32)
+    data = np.ones((2, 8), dtype=np.int32)  # not zeros: an all-zero row is refused as damaged data
     data[1, 3] = -7
     p = make_zarr(tmp_path / "a.zarr", 2, 8, data=data)
     d = LongCrawl64Dataset(p, 8, 1, vocab_size=100, bos_id=1, shuffle=False)

@@ -94,7 +94,8 @@ def test_schema_types_are_enforced_after_compose():
 
 
 EXPERIMENTS = sorted(p.relative_to(Path(CONFIGS) / "experiment").with_suffix("").as_posix()
-                     for p in (Path(CONFIGS) / "experiment").rglob("*.yaml"))
+                     for p in (Path(CONFIGS) / "experiment" / "longcrawl64").rglob("*.yaml"))
+# the books presets (small-scale reproduction): tests/training/test_presets.py
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -139,3 +139,33 @@ def test_train_log_holds_the_console(markov_data_dir, tmp_path):
     res = run(command(markov_data_dir, out, "train.max_steps=4", "resume=true", *SHORT))
     log = (out / "train.log").read_text()
     assert log.count("output dir:") == 2 and "resumed from" in log  # the resumed run continues its own log
+
+
+def zero_row_data(d):
+    """A data dir whose train rows 2..9 are entirely token 0 (as a broken mirror zero-fills them)."""
+    import json
+
+    import numpy as np
+    import zarr
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 16), ("heldout", 4)):
+        data = rng.integers(1, 64, size=(n, 64)).astype(np.uint16)
+        if split == "train":
+            data[2:10] = 0
+        arr = zarr.create_array(store=str(d / f"{split}.zarr"), shape=data.shape, dtype=data.dtype, chunks=(1, 64),
+                                zarr_format=3, config={"write_empty_chunks": True})
+        arr[...] = data
+    (d / "meta.json").write_text(json.dumps({"vocab_size": 64, "bos_id": 0, "doc_len": 64, "dtype": "uint16"}))
+    return d
+
+
+def test_zero_rows_stop_the_run_unless_skipped(tmp_path):
+    data = zero_row_data(tmp_path)
+    args = ("data.seq_len=32", "train.max_steps=6", "eval.heldout_batches=1", *SHORT)
+    res = run(command(data, tmp_path / "strict", *args))
+    assert res.returncode == 1 and "entirely token id 0" in res.stderr and "data.skip_zero_rows=true" in res.stderr
+    assert "entirely token id 0" in (tmp_path / "strict" / "train.log").read_text()  # the run's log says why
+    res = run(command(data, tmp_path / "skip", *args, "data.skip_zero_rows=true"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [r[0] for r in losses(tmp_path / "skip")][-2:] == [6, 6]
