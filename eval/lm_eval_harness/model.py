@@ -5,7 +5,7 @@ as an ``lm_eval.api.model.TemplateLM``.
     import lm_eval
     lm_eval.simple_evaluate(model="fox", model_args="path=outputs/run_a,batch_size=8", tasks=["piqa"])
 
-model_args: ``path`` (required), ``step`` (checkpoint step, default latest), ``tokenizer`` (tokenizer.json or HF
+model_args: ``path`` (required; ``pretrained`` is the same), ``step`` (checkpoint step, default latest), ``tokenizer`` (tokenizer.json or HF
 tokenizer dir, default the run's), ``device`` (default cuda if available), ``batch_size`` (default 8),
 ``max_length`` (default 16384 tokens: our models have no position limit, so this only bounds memory; longer
 inputs keep their last ``max_length`` tokens), ``max_gen_toks`` (default 256), ``dtype`` (``auto`` = bfloat16
@@ -19,6 +19,8 @@ the batch composition (tests/eval/test_lm_eval.py checks them against unpadded f
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +42,7 @@ class FoXLM(TemplateLM):
 
     def __init__(self, path: str, step: int | None = None, tokenizer: str | None = None, device: str | None = None,
                  batch_size: int | str = 8, max_length: int = 16384, max_gen_toks: int = 256, dtype: str = "auto",
-                 add_bos_token: bool | str = True, max_logit_tokens: int = 32768, **kwargs):
+                 add_bos_token: bool | str = True, max_logit_tokens: int = 32768):
         super().__init__()
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self._device = torch.device(device)
@@ -64,9 +66,25 @@ class FoXLM(TemplateLM):
     # --- lm-eval plumbing -------------------------------------------------------------------------------------
     @classmethod
     def create_from_arg_obj(cls, arg_dict, additional_config=None):
-        # model_args win over the CLI's / simple_evaluate's generic batch_size and device
-        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
-        return cls(**arg_dict, **extra)
+        """model_args (``pretrained=`` is lm-eval's usual name for ``path``; an unknown key is an error naming the
+        known ones) win over the CLI's / simple_evaluate's generic settings. The CLI's ``device`` defaults to
+        cuda:0: where no CUDA device exists the model runs on the CPU and says so."""
+        args = dict(arg_dict)
+        if "pretrained" in args:
+            if "path" in args:
+                raise ValueError("model_args: give path= or pretrained= (the same thing), not both")
+            args["path"] = args.pop("pretrained")
+        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ValueError(f"model_args: unknown key(s) {', '.join(unknown)} for model fox; known: "
+                             f"{', '.join(sorted(known | {'pretrained'}))}")
+        extra = {k: v for k, v in (additional_config or {}).items()
+                 if v is not None and k in known and k not in args}
+        if str(extra.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            print(f"lm-eval's device {extra['device']} does not exist here (no CUDA): running on cpu")
+            extra["device"] = "cpu"
+        return cls(**args, **extra)
 
     @classmethod
     def create_from_arg_string(cls, arg_string, additional_config=None):

@@ -174,3 +174,33 @@ def test_table_bold_underline_direction(tmp_path):
     tex = render(files, latex=True)
     assert "\\textbf{20.00}" in tex and "\\underline{22.00}" in tex
     main([str(f) for f in files] + ["--latex"])
+
+
+def test_model_args_pretrained_cli_device_and_unknown_keys(tiny_text_run, capsys):
+    """lm-eval users write pretrained=; the CLI's default device cuda:0 runs on the CPU where no CUDA exists (and
+    says so); model_args win over the generic settings; an unknown key is an error naming it."""
+    from eval.lm_eval_harness.model import FoXLM
+
+    lm = FoXLM.create_from_arg_string(f"pretrained={tiny_text_run},batch_size=4",
+                                      {"device": "cuda:0", "batch_size": 16, "max_batch_size": None})
+    assert lm.batch_size == 4 and lm.info["source"].startswith(str(tiny_text_run))
+    if not torch.cuda.is_available():
+        assert lm.device.type == "cpu" and "does not exist here (no CUDA): running on cpu" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"unknown key\(s\) bacth_size for model fox; known: .*batch_size"):
+        FoXLM.create_from_arg_string(f"path={tiny_text_run},bacth_size=4")
+    with pytest.raises(ValueError, match="path= or pretrained="):
+        FoXLM.create_from_arg_string(f"path={tiny_text_run},pretrained={tiny_text_run}")
+
+
+def test_cli_runs_local_tasks_on_the_cpu(tiny_text_run, include_dir, tmp_path):
+    """python -m eval.lm_eval_harness.cli run, as the docs write it, with local task YAMLs and no --device."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run([sys.executable, "-m", "eval.lm_eval_harness.cli", "run", "--model", "fox", "--model_args",
+                          f"pretrained={tiny_text_run}", "--tasks", "fox_test_mc", "--include_path", str(include_dir),
+                          "--limit", "2", "--output_path", str(tmp_path / "out")], cwd=root, capture_output=True,
+                         text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "fox_test_mc" in res.stdout and "running on cpu" in res.stdout

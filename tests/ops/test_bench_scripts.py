@@ -110,8 +110,9 @@ def _ab(*args):
 
 
 def test_ab_attention_times_each_sides_own_package(tmp_path):
-    """Side B is a copy of the package whose op sleeps 20 ms per call: the A/B table must put B that much slower,
-    which it only does if each side's process times its own package (on the CPU: the PyTorch reference)."""
+    """Side B is a copy of the package whose op sleeps 20 ms per call: the A/B table must put B above 20 ms and
+    slower than A, which it only does if each side's process times its own package (on the CPU: the PyTorch
+    reference)."""
     import shutil
 
     repo = SCRIPTS.parent
@@ -129,8 +130,9 @@ def test_ab_attention_times_each_sides_own_package(tmp_path):
     assert set(rows) == {"tiny dense fwd", "tiny dense fwd+bwd"}
     for line in rows.values():
         a_med, b_med, ratio = (c.strip() for c in line.split("|")[2:5])
-        assert float(b_med.split()[0]) > 20.0 > float(a_med.split()[0]), line
-        assert float(ratio) < 0.5, line
+        # the sleep bounds B from below; A is only compared with B (no bound on A's own time: a loaded machine)
+        assert float(b_med.split()[0]) > 20.0 and float(b_med.split()[0]) > float(a_med.split()[0]), line
+        assert float(ratio) < 1.0, line
     assert r.stdout.count("round ") == 4  # two rounds, one process per side each
     written = (tmp_path / "ab.md").read_text()
     assert "ab_attention.py" in written and "| tiny dense fwd |" in written and "CPU (PyTorch reference)" in written
