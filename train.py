@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from eval.per_token_loss.plot import plot_per_token_loss
 from forgetting_transformer.config import register_configs, validate
-from forgetting_transformer.data import LongCrawl64Dataset, ensure_data, read_rows
+from forgetting_transformer.data import LongCrawl64Dataset, ensure_data, load_meta, read_rows
 from forgetting_transformer.models import build_model, resolve_heads
 from forgetting_transformer.training.checkpoint import (TrainState, latest_checkpoint, load_latest_checkpoint,
                                                         save_checkpoint)
@@ -252,8 +252,10 @@ def evaluate(cfg, dist, setup: Setup) -> None:
         curve = per_token_loss(model, inputs, labels, batch_size=mb, device=device, mixed_precision=setup.autocast)
         if dist.is_main:
             ptl = out / "per_token_loss.json"
+            fingerprint = (load_meta(data_dir) or {}).get("tokenizer_fingerprint")
             ptl.write_text(json.dumps({"name": cfg.model.name, "train_len": cfg.data.seq_len, "step": setup.state.step,
-                                       "data": str(data_dir / "heldout.zarr"), "rows": rows, "loss": curve.tolist()}))
+                                       "data": str(data_dir / "heldout.zarr"), "tokenizer_fingerprint": fingerprint,
+                                       "rows": rows, "loss": curve.tolist()}))
             plot_per_token_loss([ptl], out / "per_token_loss.png", window=cfg.eval.window)
             metrics.say(f"per-token loss: {ptl} and {out / 'per_token_loss.png'}")
 

@@ -105,3 +105,32 @@ def load_model_and_tokenizer(path: str | Path, *, step: int | None = None, token
         tok = AutoTokenizer.from_pretrained(str(tokenizer or path))
         return model, tok, {"name": model.config.name, "train_len": None, "source": str(path)}
     raise FileNotFoundError(f"{path}: neither a training run (config.yaml) nor a Hugging Face directory (config.json)")
+
+
+def model_tokenizer_file(path: str | Path) -> Path | None:
+    """The tokenizer.json a run dir's model was trained with (its data dir's) or a Hugging Face export ships; None
+    when there is none (e.g. GPT-2 LongCrawl64 data)."""
+    path = Path(path)
+    if (path / "config.yaml").is_file():
+        f = Path(OmegaConf.load(path / "config.yaml").data.data_dir) / "tokenizer.json"
+    else:
+        f = path / "tokenizer.json"
+    return f if f.is_file() else None
+
+
+def check_same_tokenizer(model_path: str | Path, data_dir: str | Path) -> str | None:
+    """Refuse data tokenized differently from the model: the fingerprints (``tokenizer_fingerprint``) of the
+    model's tokenizer and the data dir's tokenizer.json must agree; the error names both. Returns the fingerprint
+    (None when either side has no tokenizer.json to compare)."""
+    from forgetting_transformer.data.prepare import tokenizer_fingerprint
+
+    model_tok, data_tok = model_tokenizer_file(model_path), Path(data_dir) / "tokenizer.json"
+    if model_tok is None or not data_tok.is_file():
+        return None
+    a, b = tokenizer_fingerprint(model_tok), tokenizer_fingerprint(data_tok)
+    if a != b:
+        raise ValueError(f"{data_dir} was tokenized with another tokenizer than the model {model_path}: "
+                         f"{data_tok} (fingerprint {b}) vs {model_tok} (fingerprint {a}); token ids would mean "
+                         "different text. Convert the data with the model's tokenizer: scripts/prepare_corpus.py "
+                         f"... --tokenizer {model_tok}")
+    return a

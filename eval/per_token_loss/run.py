@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from eval.common import load_model_and_tokenizer, load_run
+from eval.common import check_same_tokenizer, load_model_and_tokenizer, load_run
 from eval.per_token_loss.plot import plot_per_token_loss
 from forgetting_transformer.data import read_rows
 from forgetting_transformer.data.longcrawl64 import open_token_array
@@ -38,6 +38,7 @@ def _load(path, step, device, data_dir):
 def evaluate_run(run_dir, out_dir, *, rows: int, length: int | None, batch_size: int, device: str,
                  data_dir: str | None = None, step: int | None = None, name: str | None = None) -> Path:
     model, model_name, train_len, step, source, data_dir, vocab_size, bos_id = _load(run_dir, step, device, data_dir)
+    fingerprint = check_same_tokenizer(run_dir, data_dir)  # data tokenized differently is refused
     heldout = Path(data_dir) / "heldout.zarr"
     row_ids = spread_rows(int(open_token_array(heldout).shape[0]), rows)
     if length is None and train_len is None:
@@ -51,7 +52,8 @@ def evaluate_run(run_dir, out_dir, *, rows: int, length: int | None, batch_size:
     out = Path(out_dir) / f"{Path(run_dir).name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"name": name, "train_len": train_len, "step": step, "checkpoint": source,
-                               "data": str(heldout), "rows": row_ids, "loss": curve.tolist()}))
+                               "data": str(heldout), "tokenizer_fingerprint": fingerprint, "rows": row_ids,
+                               "loss": curve.tolist()}))
     print(f"{name}: mean L = {curve.mean():.4f} over {len(row_ids)} rows x {len(curve)} tokens → {out}")
     return out
 

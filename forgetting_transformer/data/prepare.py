@@ -33,6 +33,7 @@ import numpy as np
 
 __all__ = [
     "EMBEDDED_CORPUS",
+    "tokenizer_fingerprint",
     "prepare_corpus",
     "ensure_prepared",
     "ensure_data",
@@ -195,6 +196,22 @@ def _load_tokenizer(spec: str):
             f"directory containing one; {p} does not exist"
         )
     return Tokenizer.from_file(str(p))
+
+
+def tokenizer_fingerprint(path) -> str:
+    """A short hash of what a tokenizer maps text to: its vocabulary (token → id, sorted) and its BPE merges, read
+    with ``tokenizers`` so that a tokenizer.json re-saved by another tool (a Hugging Face export) hashes the same.
+    Two data dirs, or a model and a data dir, agree on token ids exactly when their fingerprints agree."""
+    import hashlib
+
+    spec = json.loads(Path(path).read_text(encoding="utf-8"))
+    model = spec.get("model") or {}
+    vocab = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
+    added = sorted((t["id"], t["content"]) for t in spec.get("added_tokens") or [])
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    blob = json.dumps({"type": model.get("type"), "vocab": vocab, "added": added, "merges": merges},
+                      ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- settings
@@ -420,6 +437,7 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
         "bos_id": int(bos_id),
         "doc_len": doc_len,
         "tokenizer": "tokenizer.json",
+        "tokenizer_fingerprint": tokenizer_fingerprint(out_dir / "tokenizer.json"),
         "num_train_rows": split_stats["train"]["rows"],
         "num_heldout_rows": split_stats["heldout"]["rows"],
         "source": ", ".join(source_desc),

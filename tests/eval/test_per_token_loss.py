@@ -96,3 +96,25 @@ def test_hugging_face_export_gives_the_same_curve(tiny_text_run, tmp_path):
     np.testing.assert_allclose(rb["loss"], ra["loss"], rtol=1e-6)
     assert ra["train_len"] == 256 and rb["train_len"] is None
     plot.plot_per_token_loss([a, b], tmp_path / "both.png")
+
+
+def test_data_tokenized_differently_is_refused(tiny_text_run, tmp_path):
+    """Books converted with a freshly trained tokenizer of the same size give garbage losses: refused, naming both
+    tokenizers; data converted with the model's own tokenizer.json is accepted, and the JSON records it."""
+    from omegaconf import OmegaConf
+
+    from forgetting_transformer.data.prepare import EMBEDDED_CORPUS, prepare_corpus, tokenizer_fingerprint
+
+    own = Path(OmegaConf.load(tiny_text_run / "config.yaml").data.data_dir) / "tokenizer.json"
+    kw = dict(vocab_size=512, doc_len=1024, heldout_docs=1, progress=False)
+    prepare_corpus([str(EMBEDDED_CORPUS)], tmp_path / "fresh", max_docs=5, seed=3, **kw)
+    assert tokenizer_fingerprint(tmp_path / "fresh" / "tokenizer.json") != tokenizer_fingerprint(own)
+    with pytest.raises(ValueError, match=r"tokenized with another tokenizer.*fresh/tokenizer.json \(fingerprint"):
+        run.evaluate_run(tiny_text_run, tmp_path / "out", rows=1, length=256, batch_size=1, device="cpu",
+                         data_dir=tmp_path / "fresh")
+    prepare_corpus([str(EMBEDDED_CORPUS)], tmp_path / "same", max_docs=5, seed=3, tokenizer=str(own), **kw)
+    out = run.evaluate_run(tiny_text_run, tmp_path / "out", rows=1, length=256, batch_size=1, device="cpu",
+                           data_dir=tmp_path / "same")
+    res = json.loads(out.read_text())
+    assert res["tokenizer_fingerprint"] == tokenizer_fingerprint(own) == json.loads(
+        (tmp_path / "same" / "meta.json").read_text())["tokenizer_fingerprint"]
