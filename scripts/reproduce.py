@@ -57,6 +57,7 @@ NIAH_LENGTHS, NIAH_DEPTHS = "2k,4k,8k,16k", "0,50,100"
 GATES_LEN, ACP_LEN = 1024, 4096  # tokens of a held-out book: F / A maps; ACP statistics (the training length)
 ACP_CHECKPOINTS = 8  # the ACP runs keep this many checkpoints, evenly spaced, to measure pruning over training
 SMALL_FILES = ("config.yaml", "metrics.jsonl", "per_token_loss.json")
+_HYDRA_LOCK = threading.Lock()
 
 
 @dataclass
@@ -212,8 +213,8 @@ def steps_of(run_cmd: list[str]) -> int:
     from forgetting_transformer.config import register_configs
 
     register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=run_cmd)
+    with _HYDRA_LOCK, initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=run_cmd)  # Hydra's global state: one job thread at a time
     return -(-int(cfg.schedule.total_tokens) // (cfg.train.batch_size * cfg.data.seq_len))
 
 
@@ -372,7 +373,8 @@ class Job:
             lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("step ")]
             last = lines[-1][:100] if lines else ""
         elapsed = f"{time.time() - self.t0:.0f} s" if self.t0 else ""
-        return f"  {self.name} [gpu {self.gpu}] {self.status} {elapsed} {last}"
+        slot = "cpu" if self.gpu is None else f"gpu {self.gpu}"
+        return f"  {self.name} [{slot}] {self.status} {elapsed} {last}"
 
 
 def run_jobs(jobs: list[Job], gpus: list[str | None], every: float = 10.0) -> None:
@@ -393,7 +395,7 @@ def run_jobs(jobs: list[Job], gpus: list[str | None], every: float = 10.0) -> No
                 t.job = job
                 t.start()
                 threads.append(t)
-                print(f"{job.name}: started on gpu {job.gpu}", flush=True)
+                print(f"{job.name}: started on {'the cpu' if job.gpu is None else f'gpu {job.gpu}'}", flush=True)
         if time.time() - last >= every:
             last = time.time()
             print("\n".join(t.job.progress() for t in threads), flush=True)
@@ -404,6 +406,16 @@ def run_jobs(jobs: list[Job], gpus: list[str | None], every: float = 10.0) -> No
 
 
 def visible_gpus(spec: str | None) -> list[str | None]:
+    """The slots jobs run in: GPU ids (``0,1``), every visible GPU (None), or ``cpu:N``: N jobs at a time on the
+    CPU (slot None: no CUDA_VISIBLE_DEVICES)."""
+    if spec and spec.startswith("cpu:"):
+        try:
+            n = int(spec[4:])
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise SystemExit(f"--gpus {spec}: expected cpu:N with N >= 1")
+        return [None] * n
     if spec:
         return [g.strip() for g in spec.split(",") if g.strip()]
     import torch
@@ -427,7 +439,8 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", type=Path, default=ROOT / ".cache" / "books", help="tokenized data (zarr)")
     p.add_argument("--work", type=Path, default=ROOT / "outputs" / "reproduce",
                    help="run directories with their checkpoints (default %(default)s)")
-    p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1 (default: every visible GPU)")
+    p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1 (default: every visible GPU), or cpu:N "
+                   "for N jobs at a time on the CPU")
     p.add_argument("--override", nargs="*", default=[], help="extra train.py overrides for every run (tests: a "
                    "tiny model and a few steps); results written with overrides are not the suite's")
     p.add_argument("--only", default=None, help="only the runs whose name matches this pattern (fnmatch), e.g. "

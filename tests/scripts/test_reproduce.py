@@ -40,7 +40,8 @@ def corpus(tmp_path_factory):
 def reproduce(corpus, tmp, *args):
     cmd = [sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(corpus),
            "--out", str(tmp / "results"), "--work", str(tmp / "work"), "--data-dir", str(tmp / "data"),
-           "--vocab-size", "512", "--doc-len", "512", "--niah-lengths", "256,512", *args, "--override", *TOY]
+           "--vocab-size", "512", "--doc-len", "512", "--niah-lengths", "256,512", "--gpus", "cpu:2", *args,
+           "--override", *TOY]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3000)  # ~4 min unloaded
 
 
