@@ -78,6 +78,8 @@ def run(cfg) -> None:
     out = Path(broadcast_from_main(str(Path(cfg.output_dir).resolve())))  # ranks may resolve ${now:} differently
     found = broadcast_from_main(run_files(out))  # what an earlier run left there, as rank 0 sees it
     claim(out, found, resume=cfg.resume, overwrite=cfg.overwrite, delete=dist.is_main)  # one run per directory
+    if dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)  # Hydra makes its run dir, which is not output_dir in a multirun
     barrier()
     fresh = not found
     setup = None

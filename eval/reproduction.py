@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -249,17 +250,17 @@ def claim5_table(runs: list[RunResult]) -> str:
 
 
 def claim6_table(runs: list[RunResult]) -> str:
-    rows = []
-    for r in runs:
-        for mode, res in sorted(r.niah.items()):
-            lengths = sorted({e["length"] for e in res["results"]})
-            cells = [np.mean([e["score"] for e in res["results"] if e["length"] == n]) for n in lengths]
-            rows.append([f"{LABELS.get(r.label, r.label)} ({r.name})", mode, *(f"{c:.1f}" for c in cells),
-                         f"{res['mean_score']:.2f}"])
-            head = ["model (run)", "mode", *[f"{n:,}" for n in lengths], "mean"]
-    if not rows:
+    results = [(r, mode, res) for r in runs for mode, res in sorted(r.niah.items())]
+    if not results:
         return "Not run yet: `--parts main`."
-    return _table(head, rows) + "\n\nScore 1 (no key word of the answer) to 10 (all of them), mean over depths."
+    lengths = sorted({e["length"] for _, _, res in results for e in res["results"]})
+    rows = []
+    for r, mode, res in results:
+        cells = [np.mean([e["score"] for e in res["results"] if e["length"] == n] or [np.nan]) for n in lengths]
+        rows.append([f"{LABELS.get(r.label, r.label)} ({r.name})", mode, *(f"{c:.1f}" for c in cells),
+                     f"{res['mean_score']:.2f}"])
+    return (_table(["model (run)", "mode", *[f"{n:,}" for n in lengths], "mean"], rows)
+            + "\n\nScore 1 (no key word of the answer) to 10 (all of them), mean over depths.")
 
 
 def runs_table(runs: list[RunResult]) -> str:
@@ -278,8 +279,6 @@ def render_tables(out) -> dict[str, str]:
 
 def write_plots(out, image_dir) -> list[Path]:
     """The L(i) figure of the main models (claim 2) and the ACP histogram of FoX (Pro) (claim 5)."""
-    import shutil
-
     from eval.per_token_loss.plot import plot_per_token_loss
 
     runs, image_dir, files = load_results(out), Path(image_dir), []

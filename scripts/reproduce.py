@@ -48,10 +48,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from eval.reproduction import FAMILY as FAMILY_MODEL  # noqa: E402  (the pair whose sweep sets each family's lr)
+from eval.reproduction import load_results, picks  # noqa: E402
+
 SIZE = "125m"
 VOCAB_SIZE, DOC_LEN = 16384, 16384
 DEFAULT_SHARDS = ("train-00", "train-01")
-FAMILY_MODEL = {"fox": "fox_pro", "transformer": "transformer_pro"}  # the pair whose sweep sets each family's lr
 SWEEP = {"lr": (1e-3, 2e-3), "lr-wide": (5e-4, 4e-3)}
 NIAH_LENGTHS, NIAH_DEPTHS = "2k,4k,8k,16k", "0,50,100"
 GATES_LEN, ACP_LEN = 1024, 4096  # tokens of a held-out book: F / A maps; ACP statistics (the training length)
@@ -109,37 +111,20 @@ PARTS = ("lr", "lr-wide", "main", "ablations", "gates", "acp")
 # ----------------------------------------------------------------------------------------------------- learning rates
 
 
-def heldout(run_dir: Path) -> float | None:
-    """The held-out loss a finished run logged last (None if it has none; inf if it diverged)."""
-    if (run_dir / "failed.json").is_file():
-        return float("inf")
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return None
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    losses = [r["heldout_loss"] for r in rows if "heldout_loss" in r]
-    return float(losses[-1]) if losses else None
-
-
 def sweep_lrs() -> list[float]:
     return sorted(lr for lrs in SWEEP.values() for lr in lrs)
 
 
 def pick_lr(out: Path, family: str) -> float:
-    """The sweep point of the family's model with the lowest held-out loss; an error names the sweep runs missing."""
+    """The family's learning rate: the sweep point of its model with the lowest held-out loss (the report's rule,
+    ``eval.reproduction.picks``); an error names the sweep runs missing."""
     model = FAMILY_MODEL[family]
-    losses, missing = {}, []
-    for lr in sweep_lrs():
-        name = Run(model, model, family, "lr", lr=lr).name(lr)
-        done = out / "runs" / name / "done.json"
-        loss = heldout(out / "runs" / name) if done.is_file() else None
-        if loss is None:
-            missing.append(name)
-        losses[lr] = loss
+    names = [Run(model, model, family, "lr", lr=lr).name(lr) for lr in sweep_lrs()]
+    missing = [n for n in names if not (out / "runs" / n / "done.json").is_file()]
     if missing:
         raise SystemExit(f"the {family} learning rate comes from the sweep, which lacks {', '.join(missing)}: "
                          f"run --parts lr,lr-wide first")
-    return min(losses, key=losses.get)
+    return picks(load_results(out))[family]
 
 
 def planned(runs: list[Run], out: Path, parts: list[str]) -> list[tuple[Run, float]]:

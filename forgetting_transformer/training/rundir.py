@@ -13,9 +13,6 @@ import shutil
 import sys
 from pathlib import Path
 
-HYDRA_FILES = {".hydra", "train.log"}  # what Hydra itself puts into the run dir before train.py starts
-
-
 def run_files(out: Path) -> list[str]:
     """Names in ``out`` that a run wrote (everything but Hydra's own files and an empty train.log)."""
     if not out.is_dir():
@@ -45,7 +42,7 @@ def claim(out: Path, found: list[str], *, resume: bool, overwrite: bool, delete:
 
 def discard_if_unused(out: Path) -> None:
     """Remove ``out`` when it holds nothing but Hydra's files: what a run that failed before writing leaves."""
-    if out.is_dir() and not run_files(out) and {p.name for p in out.iterdir()} <= HYDRA_FILES:
+    if out.is_dir() and not run_files(out):  # run_files ignores exactly Hydra's files
         shutil.rmtree(out)
 
 
