@@ -4,7 +4,7 @@
     python scripts/bench_train.py                                   # one GPU
     torchrun --nproc_per_node=2 scripts/bench_train.py --strategy fsdp
     python scripts/bench_train.py --models fox_pro transformer_pro --sizes 125m 760m --seq-len 16384 \
-        --write docs/benchmarks_train.md
+        --write outputs/bench_train.md
 
 Each configuration is the repo's config tree (``model=<m> model/size=<s>``) with random GPT-2-vocabulary tokens,
 bf16, the given strategy, ``--micro-batch`` sequences per GPU per step; the first ``--warmup`` steps are not

@@ -112,7 +112,7 @@ def _kernel(kind):
     return _KERNELS[key]
 
 
-# kind -> (meta dict, num_warps, num_stages): forces one config (used by the benchmark's --sweep).
+# kind -> (meta dict, num_warps, num_stages): forces one config (launchers.triton_config; the config sweep).
 _FORCE_CONFIGS = {}
 
 
@@ -152,7 +152,7 @@ def _acp_args(acp_tables, block_d, rows_only=False):
 
 _ACP_MODES = {"tensor": 0, "float": 1, "weights": 2, "norms": 3}
 _ACP_NORM_CHUNKS = 1024  # at most this many programs per head for the max norms (tests lower it)
-_ACP_VEC = 32  # blocks per window of the tables' searches and walks (H200: 32 beat 64 and 128, session 21)
+_ACP_VEC = 32  # blocks per window of the tables' searches and walks (on an H200 32 beat 64 and 128)
 _ACP_CUMSUM_CHUNKS = 128  # at most this many chunks of positions per sequence for ACP's cumsum (tests lower it)
 
 
@@ -295,8 +295,8 @@ def _fwd_launch(q, k, v, lf, kstart, sm_scale, acp_tables=None):
 
 
 # (rows per consumer warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups) of the Gluon sm90 forward per head dim;
-# it runs at every head dim listed, where it beats the Triton forward on an H200 (docs/benchmarks.md, sessions 9
-# and 13: 1.20-1.23x at 128; 0.99x / 1.07x at S1 / S2 with three warpgroups at 64)
+# it runs at every head dim listed (three warpgroups at 64: 192 query rows share each K/V stage). Per-config
+# timings: python -m benchmarks.attention.sweep fwd
 _SM90_CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 2, 2)}
 
 
@@ -308,10 +308,9 @@ def _sm90_maxnreg(num_warps):
 
 
 # (BLOCK_M query rows per tile, keys per consumer warpgroup, NUM_STAGES, consumer warpgroups) of the Gluon sm90
-# dk/dv backward per head dim, the fastest at S1..S4 (docs/benchmarks.md, sessions 10 and 14); it runs at every
-# head dim listed (1.20-1.24x the Triton dk/dv kernel there). 64-row tiles at head dim 64 since the query tile's
-# vectors are read under the score matmul (session 14: 4% / 1.8% faster at S1 / S2 than 128-row tiles, which
-# spill with it)
+# dk/dv backward per head dim, the fastest at S1..S4 on an H200; it runs at every head dim listed. 64-row tiles at
+# head dim 64 too: the query tile's vectors are read under the score matmul, and 128-row tiles spill with that.
+# Per-config timings: python -m benchmarks.attention.sweep dkdv
 _SM90_BWD_CONFIGS = {64: (64, 64, 2, 2), 128: (64, 64, 2, 2)}
 
 
@@ -407,8 +406,8 @@ def _fwd_launch_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None):
 
 
 # (rows per consumer warpgroup, BLOCK_N, NUM_STAGES, consumer warpgroups) of the Gluon sm90 dq backward per head
-# dim, the fastest at S1..S4 (docs/benchmarks.md, sessions 11 and 12: three warpgroups at head dim 64, 1.08x /
-# 1.15x the Triton dq kernel at S1 / S2; two at 128, which spill with three)
+# dim, the fastest at S1..S4 on an H200 (three warpgroups at head dim 64; two at 128, which spill with three).
+# Per-config timings: python -m benchmarks.attention.sweep dq
 _SM90_DQ_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 2, 2)}
 
 
@@ -472,10 +471,10 @@ def _bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_t
 
 
 # (BLOCK_M, keys per consumer warpgroup, NUM_STAGES, staging slots per consumer warpgroup) of the one-kernel Gluon
-# backward per head dim (two consumer warpgroups; docs/benchmarks.md, sessions 17 and 18: two stages, 4-8% faster
-# than three at S1 / S2 / 760M since the column sums left shared memory); the op runs it at the head dims listed
-# unless deterministic algorithms are asked for. Not at 128: with the dS and staging buffers two stages need
-# 258 KB of shared memory (sm90 allows 227), one stage fits but spills 1.9 KB (compile_kernels.compile_gluon_fused)
+# backward per head dim (two consumer warpgroups; two stages were faster than three at S1, S2 and the 760M model's
+# shape: python -m benchmarks.attention.sweep fused); the op runs it at the head dims listed unless deterministic
+# algorithms are asked for. Not at 128: with the dS and staging buffers two stages need 258 KB of shared memory
+# (sm90 allows 227), and one stage spills (python -m benchmarks.attention.compile_kernels, compile_gluon_fused)
 _SM90_FUSED_CONFIGS = {64: (64, 64, 2, 1)}
 
 

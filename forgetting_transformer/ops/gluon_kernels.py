@@ -200,8 +200,8 @@ def _fwd_tile(acc, m_i, l_i, g, tot_k, i, n_top, E, q_smem, k_bufs, v_bufs, ck_b
     # end, which saves one add per score
     dk2 = ((tot_k - ck) + g) * LOG2E
     # an explicit FMA: with the ACP loop's branch around the masks, ptxas otherwise multiplies every score by
-    # qk_scale and folds LOG2E into a second op (28 more instructions per tile at head dim 64; docs/benchmarks.md
-    # session 24); the dense kernels' SASS is unchanged by it
+    # qk_scale and folds LOG2E into a second op (28 more instructions per tile at head dim 64; checked by
+    # tests/ops/test_kernel.py::test_kernels_compile_for_sm90); the dense kernels' SASS is unchanged by it
     s = gl.fma(s, qk_scale, gl.expand_dims(dk2, 0))
     if MASK_AT_RUN_TIME:
         if masked:
@@ -318,8 +318,8 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_emp
     if HAS_ACP:
         if HEAD_DIM == 64:
             # one copy of the tile code with a branch around its masks: against the two variants below, the ACP
-            # forward ran 7.5% / 1.2% faster at S1 / S2 and 0.7% / 1.5% slower at head dim 128 (S3 / S4),
-            # docs/benchmarks.md session 23 (a loop with two variants pays a branch to a far variant per tile)
+            # forward ran 7.5% / 1.2% faster at S1 / S2 and 0.7% / 1.5% slower at head dim 128 (S3 / S4;
+            # docs/kernel.md, design choices: a loop with two variants pays a branch to a far variant per tile)
             for i in range(t_skip, t_end):
                 acc, m_i, l_i, g, tot = _fwd_tile(acc, m_i, l_i, g, tot, i, n_top, E, q_smem, k_bufs, v_bufs,
                                                   ck_bufs, k_ready, v_ready, k_empty, v_empty, PK_base, pos_q,
@@ -329,7 +329,7 @@ def _fwd_compute(q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_emp
             # one loop with both tile variants, so the kernel carries two copies of the tile code per warpgroup,
             # as the dense one does: a third (a loop of its own for the blocks that straddle a row's first kept
             # key, which the masked variant handles too) made this kernel 7-8% slower at head dim 64 even where
-            # that loop ran no iteration (every head global; docs/benchmarks.md, session 16). The dense kernel
+            # that loop ran no iteration (every head global; docs/kernel.md, design choices). The dense kernel
             # keeps two loops: one loop ran 2-3% slower there
             for i in range(t_skip, t_end):
                 if (i < n_masked) | (i >= n_masked + n_clean):  # causal diagonal blocks; blocks straddling a bound
@@ -534,7 +534,7 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     handed to the warpgroup that forms this tile's dq share and row sums (``_ds_handoff``, ``_dq_share``), and
     ``colsum`` is a (KEYS, 8) wgmma accumulator of its column sums: the 16-bit dS^T in registers (the dk
     product's A operand) times ``ones_q`` (8 x BLOCK_M), queued behind dk (summed in registers instead, from the
-    rounded dS converted back to fp32, they cost 17%: docs/benchmarks.md, session 17)."""
+    rounded dS converted back to fp32, they cost 17%: docs/kernel.md, design choices)."""
     NUM_STAGES: gl.constexpr = q_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_bufs.type.shape[1]
     KEYS: gl.constexpr = k_s.type.shape[0]
@@ -552,7 +552,7 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
     # decay: sum_{t=j+1}^{i} = (sum over [n0, m0) + local cumsum of the query tile) - local cumsum of the keys
     # (rows past Tq of a partial last tile hold the next row's values or TMA's zeros: masked below). Its query
     # part is read from shared memory while the score matmul runs: read after the wait, these loads were the
-    # tile loop's most-stalled point (docs/benchmarks.md, session 14; with 128-row tiles the early copy spills)
+    # tile loop's most-stalled point (Nsight Compute; with 128-row tiles the early copy spills)
     if FUSED:  # z = (block-local cumsum of log f over the query tile) * log2(e) - LSE, formed in the set-up
         dq2 = acc_c * LOG2E + cq_bufs.index(st).load(vec_layout)
     else:
@@ -969,8 +969,8 @@ def fox_bwd_fused_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc
     from run to run, so dq and the row sums are not bitwise reproducible. Dense, or with ACP's HI table as in the
     dk/dv kernel (the loader and the writer follow the program's tiles, each warpgroup its own keys' and a zero
     dS^T for the rest: ``_zero_share``); HI and ACP's grid come last, after ``sm_scale``, so that the dense
-    kernel compiles to the SASS it had before they were added (with them in the middle of the list ptxas
-    scheduled its tile loop differently: 0.8% slower at S2, docs/benchmarks.md session 20). The other arguments
+    kernel compiles to the same SASS as without them (in the middle of the list they made ptxas schedule its
+    tile loop differently: 0.8% slower at S2). The other arguments
     as in the dk/dv kernel, except that ``cq_desc`` is over z = PQ log2(e) - LSE, (B*H, svr) rows, and
     ``lse_desc`` is not read (z and delta from ``_bwd_fused_setup``)."""
     NUM_WG: gl.constexpr = 2

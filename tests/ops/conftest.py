@@ -10,4 +10,5 @@ if not torch.cuda.is_available():
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (run on the device: scripts/gpu_tests.sh)")
+    config.addinivalue_line("markers",
+                            "gpu: needs a CUDA GPU (run on the device: bash benchmarks/attention/gpu_tests.sh)")

@@ -516,28 +516,12 @@ def test_acp_qk_norm_weight_shapes_are_checked():
             forgetting_attention(q, k, v, lf, backend="reference", adaptive_threshold="auto", qk_norm_weights=w)
 
 
-def test_kernel_ablation_variants_apply(monkeypatch, tmp_path):
-    """scripts/kernel_ablation.py edits the kernel source by text substitution: every variant's patterns must
-    still be found in ops/triton_kernels.py and the edited modules must import (else the script is stale)."""
-    scripts = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
-    monkeypatch.syspath_prepend(scripts)
-    monkeypatch.setenv("FOX_AUTOTUNE", "0")
-    ka = importlib.import_module("kernel_ablation")
-    for name in ka.VARIANTS:
-        mod = ka.load_variant(name, str(tmp_path))
-        assert hasattr(mod, "_attn_bwd_dkdv_kernel"), name
-    with pytest.raises(SystemExit, match="pattern not found"):
-        monkeypatch.setitem(ka.VARIANTS, "stale", [("no such kernel line", "")])
-        ka.load_variant("stale", str(tmp_path))
-
-
-def test_hopper_probe_tma_forward_matches_reference(monkeypatch):
-    """scripts/hopper_probe.py's forward with TMA-descriptor K/V loads (a diagnostic timed against the op on
+def test_probe_tma_forward_matches_reference():
+    """``benchmarks.attention.probe``'s forward with TMA-descriptor K/V loads (a diagnostic timed against the op on
     the GPU) computes the op's forward: float64 reference, two batch elements, T not a multiple of the tiles."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
-    hp = importlib.import_module("hopper_probe")
+    from benchmarks.attention import probe as hp
     B, T, H, D, bm, bn = 2, 100, 2, 16, 32, 16
     q, k, v, lf = make(B, T, T, H, H, D, seed=11)
     ref = forgetting_attention_ref(q.double(), k.double(), v.double(), lf.double())
@@ -576,17 +560,18 @@ def test_tma_descriptors_match_the_checked_constructor():
 def test_kernels_compile_for_sm90(tmp_path):
     """The interpreter runs the kernels as Python; this compiles them through triton's real pipeline (down to
     ptxas) for sm90, specialised as at run time (ints equal to 1 as constants, aligned pointers and strides) and
-    checked against the shared-memory limit: scripts/compile_kernels.py --quick --regs --sass, in a subprocess
-    without TRITON_INTERPRET and with an empty cache."""
+    checked against the shared-memory limit: python -m benchmarks.attention.compile_kernels --quick --regs --sass, in
+    a subprocess without TRITON_INTERPRET and with an empty cache."""
     import re
     import subprocess
     import sys
 
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "compile_kernels.py")
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)
-    r = subprocess.run([sys.executable, script, "--arch", "90", "--quick", "--regs", "--sass", str(tmp_path / "sass")],
-                       env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.attention.compile_kernels", "--arch", "90", "--quick",
+                        "--regs", "--sass", str(tmp_path / "sass")], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     # 14 Triton kernels (the block prefix sums with and without the key side, the one-kernel backward's set-up,
     # ACP's three table kernels) + 3 Gluon kernels (forward, dq, dk/dv) at D = 64 and 128 dense, and at 64 with
@@ -621,8 +606,8 @@ def test_kernels_compile_for_sm90(tmp_path):
         stages = int(re.search(r"stages (\d+)", line).group(1))
         assert shared >= 2 * wgs * bm * d * 2 + stages * 2 * bn * d * 2, line
     # the Gluon forward under ACP runs no more tile code per consumer warpgroup than the dense one: a third inlined
-    # copy of the tile loop (its blocks that straddle ACP's bound) cost 4-6% at head dim 64 (docs/benchmarks.md,
-    # session 16)
+    # copy of the tile loop (its blocks that straddle ACP's bound) cost 4-6% at head dim 64 (docs/kernel.md,
+    # design choices)
     loops = {}
     for line in (ln for ln in r.stdout.splitlines() if "fox_fwd_sm90_kernel" in ln and "'HEAD_DIM': 64" in ln):
         sizes = [int(x) for x in re.search(r"wgmma loops of \[([\d, ]+)\]", line).group(1).split(",")]
@@ -631,7 +616,7 @@ def test_kernels_compile_for_sm90(tmp_path):
     assert len(list((tmp_path / "sass").glob("sm90_fox_fwd_sm90_kernel_*.sass"))) == 3  # 64 dense / ACP, 128 dense
     # and it scales the scores and adds the decay in one FFMA per score, as the dense one does: without the explicit
     # gl.fma, ptxas multiplied each score by qk_scale (a uniform register) and folded LOG2E into a second op, 28
-    # more instructions per tile (docs/benchmarks.md, session 24)
+    # more instructions per tile (docs/kernel.md, design choices)
     scale_muls = {acp: len(re.findall(r"FMUL R\d+, R\d+, UR\d+",
                                       (tmp_path / "sass" / f"sm90_fox_fwd_sm90_kernel_HEAD_DIM64_HAS_ACP{acp}.sass")
                                       .read_text())) for acp in (False, True)}

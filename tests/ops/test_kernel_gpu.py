@@ -1,6 +1,6 @@
 """GPU tests of the Triton Forgetting Attention kernel (bf16/fp16 against a float64 reference).
 
-Run on the device: ``FOX_AUTOTUNE=0 python -m pytest -m gpu tests/ops -q`` (scripts/gpu_tests.sh).
+Run on the device: ``FOX_AUTOTUNE=0 python -m pytest -m gpu tests/ops -q`` (benchmarks/attention/gpu_tests.sh).
 """
 
 import importlib
@@ -20,7 +20,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton kernel on real hardware)"),
 ]
 
-# Relative L2 error bounds against the float64 reference (issue 3).
+# Relative L2 error bounds against the float64 reference (docs/kernel.md, "Numerics").
 TOL = {"o": 2.5e-3, "dq": 4e-3, "dk": 4e-3, "dv": 4e-3, "dlf": 5e-3}
 
 
@@ -439,7 +439,7 @@ def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
     """ACP in the Gluon forward, dq and dk/dv kernels and (head dim 64) the one-kernel backward: o, dq, dk, dv and
     d log f equal those of float64 attention with exactly ACP's pruned tiles masked out (``acp_masked_ref``) as
     closely as the Triton kernels' with the same tables (d log f of the one kernel within 2x, 1.5-1.7x measured:
-    its row and column sums are of the 16-bit dS, as in ``test_gluon_fused_bwd``), within the issue's bounds or
+    its row and column sums are of the 16-bit dS, as in ``test_gluon_fused_bwd``), within the ``TOL`` bounds or
     3x the error of the same masked attention in bf16 PyTorch (with these local gates both kernels' dk errors are
     1.9-2.5x PyTorch's: FlashAttention's delta = rowsum(o * dO) is formed from the bf16 output, autograd's from
     fp32 P), and the log-sum-exp equals the Triton forward's. Half the heads are local (heavy pruning), half
@@ -499,7 +499,7 @@ def test_gluon_acp(monkeypatch, B, Tq, Tk, H, Hkv, D, grid):
 ])
 def test_gluon_fused_bwd(B, Tq, Tk, H, Hkv, dtype):
     """The one-kernel Gluon backward (``_bwd_fused_sm90``, head dim 64): dq, dk, dv and d log f against float64
-    autograd within the issue's bounds, as close to it as the Triton dq and dk/dv kernels for dq, dk and dv, and
+    autograd within the ``TOL`` bounds, as close to it as the Triton dq and dk/dv kernels for dq, dk and dv, and
     within 1.5x of them for d log f: its row and column sums of dS are both taken of the 16-bit dS that the dq and
     dk products use (1.2-1.35x the two kernels' error, which sum the fp32 dS)."""
     D = 64

@@ -1,6 +1,6 @@
 """Compile the Forgetting Attention Triton kernels for a GPU architecture without a GPU (ahead of time).
 
-    python scripts/compile_kernels.py [--arch 90 80] [--quick] [--regs]
+    python -m benchmarks.attention.compile_kernels [--arch 90 80] [--quick] [--regs] [--sass DIR]
 
 Each kernel is compiled through triton's full pipeline (TTIR, TTGIR, LLVM IR, PTX, ptxas) for the given compute
 capabilities, over the constexpr combinations that matter: dense / padding / ACP / documents, head dims 64, 80
@@ -10,12 +10,11 @@ what the CPU interpreter cannot (the compiler's type errors, constant specialisa
 too large for the part). Arguments are specialised as at run time on contiguous inputs of a typical shape
 (aligned pointers, 16-divisible strides: ``compile_one``), so the loads are pipelined and the shared memory
 checked is that of the multi-buffered kernel. ``--quick``: head dim 64 only (what CI runs, ~20 s; the full set
-takes ~3 min on 2 cores). ``--regs``: also registers per thread and spill bytes (``ptxas -v``), the limit that
-software-pipelining experiments run into (docs/kernel.md). ``--sass DIR``: also write each kernel's SASS
+takes ~3 min on 2 cores). ``--regs``: also registers per thread and spill bytes (``ptxas -v``), the limit on how
+much a kernel can keep in flight (docs/kernel.md). ``--sass DIR``: also write each kernel's SASS
 (``cuobjdump``) to DIR and print its instruction count and the sizes of its innermost loops that issue wgmma
-(one per inlined copy of a tile loop: how much code each consumer warpgroup runs per tile, docs/benchmarks.md
-session 16). Must run with TRITON_INTERPRET unset
-(``tests/ops/test_kernel.py`` runs it in a subprocess). Exits 1 and names the failing kernel and constants
+(one per inlined copy of a tile loop: how much code each consumer warpgroup runs per tile). Must run with
+TRITON_INTERPRET unset (``tests/ops/test_kernel.py`` runs it in a subprocess). Exits 1 and names the failing kernel and constants
 when one does not compile or does not fit.
 """
 
@@ -23,9 +22,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from forgetting_transformer.ops import launchers as L
 
 F32, BF16, I32 = "*fp32", "*bf16", "*i32"
 POINTERS = dict(
@@ -124,7 +122,7 @@ def sass_loops(kernel, path):
     from triton.backends.nvidia import compiler as nv
 
     cuobjdump = os.path.join(os.path.dirname(nv.get_ptxas(90).path), "cuobjdump")
-    if not os.path.exists(cuobjdump):  # (scripts/slim_triton.sh removes it)
+    if not os.path.exists(cuobjdump):  # (slim_triton.sh removes it)
         raise FileNotFoundError(f"--sass needs cuobjdump beside triton's ptxas; not found: {cuobjdump}")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -142,21 +140,19 @@ def sass_loops(kernel, path):
 
 
 def compile_gluon(fn, consts, types, aligned, arch=90, consumers=2):
-    """A Gluon sm90 kernel as its launcher (``forgetting_attention._fwd_launch_sm90`` / ``_bwd_dkdv_sm90``)
-    launches it: bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
+    """A Gluon sm90 kernel as the op's launchers (``launchers.forward`` etc. with ``kernel="gluon"``) launch it: bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
     16-divisible ``aligned`` pointers and strides, 4 warps per partition, and the launch register limit that
     leaves room for the loader's warpgroup besides ``consumers`` consumer warpgroups."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental import gluon
 
-    from forgetting_transformer.ops.forgetting_attention import _sm90_maxnreg
 
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = gluon._runtime.GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
                                         attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=_sm90_maxnreg(4 * consumers)))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=L.gluon_maxnreg(4 * consumers)))
 
 
 def _desc(rows, head_dim):
@@ -174,25 +170,23 @@ def _vec(block):
 
 def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
     """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``), dense or with ACP."""
-    from forgetting_transformer.ops import gluon_kernels as gk
 
     types = dict(q_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),
                  v_desc=_desc(block_n, head_dim), ck_desc=_vec(block_n), LF=F32, PK=F32, O=BF16, LSE=F32, LO=I32 if has_acp else F32,
                  sm_scale="fp32")
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages, NUM_WG=consumers)
-    return compile_gluon(gk.fox_fwd_sm90_kernel, consts, types,
+    return compile_gluon(L.jit_kernel("fox_fwd_sm90_kernel"), consts, types,
                          ("LF", "PK", "O", "LSE", "LO", "slb", "sob", "sot", "soh", "spp", "spr"), arch, consumers)
 
 
 def compile_gluon_dq(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
     """The Gluon sm90 dq backward (``gluon_kernels.fox_bwd_dq_sm90_kernel``), dense or with ACP."""
-    from forgetting_transformer.ops import gluon_kernels as gk
 
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim),
                  k_desc=_desc(block_n, head_dim), v_desc=_desc(block_n, head_dim), ck_desc=_vec(block_n), LF=F32,
                  PK=F32, O=BF16, LSE=F32,
                  DELTA=F32, DQ=BF16, DROW=F32, LO=I32 if has_acp else F32, sm_scale="fp32")
-    return compile_gluon(gk.fox_bwd_dq_sm90_kernel, dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
+    return compile_gluon(L.jit_kernel("fox_bwd_dq_sm90_kernel"), dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
                          ("LF", "PK", "O", "LSE", "DELTA", "DQ", "DROW", "LO", "slb", "sqb", "sqt", "sqh", "spp",
                           "spr"), arch, consumers)
 
@@ -200,13 +194,12 @@ def compile_gluon_dq(head_dim, block_m, block_n, num_stages, consumers, has_acp,
 def compile_gluon_bwd(head_dim, block_m, keys, num_stages, consumers, has_acp, arch=90):
     """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``), dense or with ACP: ``consumers``
     warpgroups of ``keys`` keys each."""
-    from forgetting_transformer.ops import gluon_kernels as gk
 
     vec = _vec(block_m)
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(keys, head_dim),
                  v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, LF=F32, PQ=F32, DK=BF16,
                  DV=BF16, DCOL=F32, HI=I32 if has_acp else F32, sm_scale="fp32")
-    return compile_gluon(gk.fox_bwd_dkdv_sm90_kernel, dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
+    return compile_gluon(L.jit_kernel("fox_bwd_dkdv_sm90_kernel"), dict(NUM_STAGES=num_stages, NUM_WG=consumers), types,
                          ("LF", "PQ", "DK", "DV", "DCOL", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
                          arch, consumers)
 
@@ -216,11 +209,9 @@ def compile_gluon_fused(head_dim, block_m, keys, num_stages, consumers, has_acp,
     consumer warpgroups of ``keys`` keys each, ``slots`` staging slots each (default: the op's config)."""
     from triton.experimental.gluon import language as gl
 
-    from forgetting_transformer.ops import gluon_kernels as gk
-    from forgetting_transformer.ops.forgetting_attention import _SM90_FUSED_CONFIGS
 
     assert consumers == 2
-    slots = slots or _SM90_FUSED_CONFIGS[head_dim][3]
+    slots = slots or L.GLUON_CONFIGS["fused"][head_dim][3]
     vec = _vec(block_m)
 
     def acc(cols):  # an fp32 reduce-add accumulator's descriptor, blocks [block_m, cols]
@@ -230,7 +221,7 @@ def compile_gluon_fused(head_dim, block_m, keys, num_stages, consumers, has_acp,
                  v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, dq_desc=acc(head_dim),
                  rs_desc=acc(8), LF=F32, PQ=F32, DK=BF16, DV=BF16, DCOL=F32, HI=I32 if has_acp else F32,
                  sm_scale="fp32")
-    return compile_gluon(gk.fox_bwd_fused_sm90_kernel, dict(NUM_STAGES=num_stages, DQ_SLOTS=slots), types,
+    return compile_gluon(L.jit_kernel("fox_bwd_fused_sm90_kernel"), dict(NUM_STAGES=num_stages, DQ_SLOTS=slots), types,
                          ("LF", "PQ", "DK", "DV", "DCOL", "HI", "slb", "sdkb", "sdkt", "sdkh", "spp", "spr", "svr"),
                          arch, consumers)
 
@@ -243,23 +234,19 @@ def main():
     ap.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS to DIR and print its loop sizes")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        raise SystemExit("compile_kernels.py: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
-    from forgetting_transformer.ops import triton_kernels as tk
-
-    from forgetting_transformer.ops.forgetting_attention import (_SM90_BWD_CONFIGS, _SM90_CONFIGS, _SM90_DQ_CONFIGS,
-                                                                  _SM90_FUSED_CONFIGS)
+        raise SystemExit("compile_kernels: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
 
     failed = 0
     for arch in args.arch:
-        todo = [(name, consts, w, s, lambda n=name, c=consts, w=w, s=s: compile_one(getattr(tk, n), c, arch, w, s))
+        todo = [(name, consts, w, s, lambda n=name, c=consts, w=w, s=s: compile_one(L.jit_kernel(n), c, arch, w, s))
                 for name, consts, w, s in cases(args.quick)]
         if arch >= 90:  # the Gluon kernels: Hopper only
             # configs: (rows per consumer warpgroup, BLOCK_N, stages, consumer warpgroups); dk/dv's: (BLOCK_M,
             # keys per consumer warpgroup, stages, consumer warpgroups)
-            fused = {D: cfg[:3] + (2,) for D, cfg in _SM90_FUSED_CONFIGS.items()}  # (two consumer warpgroups)
-            for kind, configs, fn in (("fox_fwd_sm90_kernel", _SM90_CONFIGS, compile_gluon_fwd),
-                                      ("fox_bwd_dq_sm90_kernel", _SM90_DQ_CONFIGS, compile_gluon_dq),
-                                      ("fox_bwd_dkdv_sm90_kernel", _SM90_BWD_CONFIGS, compile_gluon_bwd),
+            fused = {D: cfg[:3] + (2,) for D, cfg in L.GLUON_CONFIGS["fused"].items()}  # (two consumer warpgroups)
+            for kind, configs, fn in (("fox_fwd_sm90_kernel", L.GLUON_CONFIGS["fwd"], compile_gluon_fwd),
+                                      ("fox_bwd_dq_sm90_kernel", L.GLUON_CONFIGS["dq"], compile_gluon_dq),
+                                      ("fox_bwd_dkdv_sm90_kernel", L.GLUON_CONFIGS["dkdv"], compile_gluon_bwd),
                                       ("fox_bwd_fused_sm90_kernel", fused, compile_gluon_fused)):
                 # (--quick: the ACP variants at head dim 64 only, the named model sizes' head dim)
                 tile = "BLOCK_N" if kind in ("fox_fwd_sm90_kernel", "fox_bwd_dq_sm90_kernel") else "KEYS"

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# GPU tests + benchmark for the Forgetting Attention kernel, in one device call:
-#   bash scripts/gpu_tests.sh            (outputs under $OUT if set, else ./outputs/gpu)
-# Installs the carried fla wheels from .whl/ when present (for the fla baseline in the benchmark).
-# TRITON_TARBALL=path/triton.tar.xz (from scripts/slim_triton.sh) runs everything on that triton instead of the one
-# the machine's torch ships (e.g. 3.7.1, the pinned version, where the lent machines have 3.6).
+# GPU tests + benchmark for the Forgetting Attention kernel, in one command from the repo root:
+#   bash benchmarks/attention/gpu_tests.sh      (outputs under $OUT if set, else ./outputs/gpu)
+# Installs the fla wheels from .whl/ when present (for the fla peer in the benchmark; no network needed).
+# TRITON_TARBALL=path/triton.tar.xz (from slim_triton.sh) runs everything on that triton instead of the one the
+# machine's torch ships (e.g. 3.7.1, the pinned version, on a machine whose torch ships 3.6).
 # PYTEST_K (a pytest -k expression, e.g. PYTEST_K='fused or acp'), SKIP_TESTS=1 and SKIP_BENCH=1 split the pass
-# over several calls; PYTEST_ARGS adds other pytest flags (split on spaces).
+# into several shorter ones; PYTEST_ARGS adds other pytest flags (split on spaces); BENCH_ARGS, the benchmark's.
 set -uo pipefail
 OUTDIR=${OUT:-outputs/gpu}
 mkdir -p "$OUTDIR"
 export PYTHONUNBUFFERED=1
 if [ -n "${TRITON_TARBALL:-}" ]; then
   if [ ! -f "$TRITON_TARBALL" ]; then
-    echo "TRITON_TARBALL=$TRITON_TARBALL: no such file (make one with scripts/slim_triton.sh)" >&2
+    echo "TRITON_TARBALL=$TRITON_TARBALL: no such file (make one with benchmarks/attention/slim_triton.sh)" >&2
     exit 2
   fi
   TRITON_DIR=$(mktemp -d)
@@ -32,5 +32,5 @@ if [ "${SKIP_TESTS:-0}" != "1" ]; then
     | tee "$OUTDIR/gpu_tests.log"
 fi
 if [ "${SKIP_BENCH:-0}" != "1" ]; then
-  python3 scripts/bench_attention.py --out "$OUTDIR/benchmarks.md" ${BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench.log"
+  python3 -m benchmarks.attention.bench --out "$OUTDIR/benchmarks.md" ${BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench.log"
 fi

@@ -1,8 +1,8 @@
 """What the installed triton offers for a Hopper (sm90) Forgetting Attention kernel: a diagnostic.
 
-    python scripts/hopper_probe.py --compile [--arch 90 100] 2>/dev/null   (no GPU needed; TRITON_INTERPRET
-                                                                            unset; stderr: MLIR reproducers)
-    python scripts/hopper_probe.py --bench                     (on a GPU of compute capability >= 9.0)
+    python -m benchmarks.attention.probe --compile [--arch 90 100] 2>/dev/null   (no GPU needed; TRITON_INTERPRET
+                                                                                  unset; stderr: MLIR reproducers)
+    python -m benchmarks.attention.probe --bench                   (on a GPU of compute capability >= 9.0)
 
 ``--compile`` reports, per architecture, whether warp specialisation compiles:
   1. ``tl.range(..., warp_specialize=True)`` on a TMA-descriptor matmul loop (the simplest case);
@@ -11,22 +11,35 @@
   3. Gluon's explicit ``gl.warp_specialize`` (a default and a one-warp worker partition). On a GPU of that
      generation it is also launched and both partitions' outputs are checked.
 ``--bench`` times the FoX forward with TMA-descriptor K/V loads (``fwd_tma_kernel``, dense, no padding / ACP,
-head dim a power of two) against the op's forward kernel at S2 / S3 / S4, and checks that the outputs agree.
-Results: docs/kernel.md ("Tried and reverted (session 7)") and docs/benchmarks.md.
+head dim a power of two) against the op's Triton forward kernel at S2 / S3 / S4, and checks that the outputs
+agree. What it found on triton 3.6 and 3.7.1, and why the Hopper kernels are written in Gluon: docs/kernel.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import triton
+import triton.language as tl
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
+from forgetting_transformer.ops import launchers as L
 
-from forgetting_transformer.ops.triton_kernels import _prefix_plane  # noqa: E402
+
+@triton.jit
+def _prefix_plane(P, pid_bh, spp, spr, BLOCK: tl.constexpr):
+    """The row of PK (``launchers.block_prefix``; plane / row strides spp / spr) for blocks of BLOCK positions,
+    for one (b, h)."""
+    tl.static_assert(BLOCK == 16 or BLOCK == 32 or BLOCK == 64 or BLOCK == 128)
+    if BLOCK == 16:
+        plane = 0
+    elif BLOCK == 32:
+        plane = 1
+    elif BLOCK == 64:
+        plane = 2
+    else:
+        plane = 3
+    return P + plane * spp.to(tl.int64) + pid_bh.to(tl.int64) * spr
 
 
 @triton.jit
@@ -171,13 +184,10 @@ def probe_gluon(arch):
 
 
 def bench():
-    import importlib
-
     import torch
     import torch.nn.functional as F
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
     print(f"triton {triton.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name()}; forward only, "
           f"median of do_bench", flush=True)
     shapes = {"S2": (1, 16384, 16, 64, 128, 64, 4), "S3": (2, 8192, 8, 128, 128, 128, 8),
@@ -187,10 +197,10 @@ def bench():
         q, k, v = (torch.randn(B, T, H, D, device="cuda", generator=g).bfloat16() for _ in range(3))
         lf = F.logsigmoid(torch.randn(B, T, H, device="cuda", generator=g) + 4)
         sm = D ** -0.5
-        ref, _ = fa._fwd_launch(q, k, v, lf, None, sm)
-        t_ref = triton.testing.do_bench(lambda: fa._fwd_launch(q, k, v, lf, None, sm), warmup=25, rep=200,
+        ref, _ = L.forward(q, k, v, lf, sm_scale=sm)
+        t_ref = triton.testing.do_bench(lambda: L.forward(q, k, v, lf, sm_scale=sm), warmup=25, rep=200,
                                         return_mode="median")
-        pk, _ = fa._block_prefix(lf, T, query_side=False)
+        pk, _ = L.block_prefix(lf, T, query_side=False)
         kd, vd = (TensorDescriptor(t.view(B * T, H * D), [B * T, H * D], [H * D, 1], [bn, D]) for t in (k, v))
         o, lse = torch.empty_like(q), torch.empty(B, H, T, device="cuda")
         for stages in (3, 2):
@@ -215,7 +225,7 @@ def main():
     if not (args.compile or args.bench):
         ap.error("give --compile and/or --bench")
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        raise SystemExit("hopper_probe.py: unset TRITON_INTERPRET")
+        raise SystemExit("probe: unset TRITON_INTERPRET")
     if args.compile:
         for arch in args.arch:
             print(f"triton {triton.__version__} sm{arch}:", flush=True)

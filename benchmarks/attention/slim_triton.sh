@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds a slimmed triton wheel tree as a .tar.xz small enough to carry to a GPU machine whose torch ships another
-# triton (docs/kernel.md, "Running triton 3.7.1 ..."). NVIDIA sm80/sm90 only.
+# triton (docs/kernel.md, "Another triton on the GPU machine"). NVIDIA sm80/sm90 only.
 #
-#   bash scripts/slim_triton.sh triton-3.7.1-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl out.tar.xz
+#   bash benchmarks/attention/slim_triton.sh triton-3.7.1-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl out.tar.xz
 #
 # On the GPU machine: mkdir -p /tmp/t && tar -xJf out.tar.xz -C /tmp/t
 #                     export PYTHONPATH=/tmp/t:$PYTHONPATH TRITON_BACKENDS_IN_TREE=1

@@ -1,0 +1,1 @@
+"""Benchmarks and developer tools; ``benchmarks.attention``: the Forgetting Attention kernel's."""
