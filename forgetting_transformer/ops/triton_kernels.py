@@ -14,7 +14,7 @@ Queries are aligned to the end of the keys: query row r sits at absolute key pos
 Numerics of the decay ``D_ij = sum_{t=j+1..i} log f_t``: it is never formed as a difference of one global
 cumulative sum. Each tile uses the local cumulative sums of its own ``log f`` block, read from PK / PQ (formed
 once per call by ``_block_prefix_kernel``; a ``tl.cumsum`` per tile inside the loops cost 8-15% of fwd+bwd on
-an H200, ``scripts/kernel_ablation.py``), and a running sum of whole-block totals carries the distance between
+an H200), and a running sum of whole-block totals carries the distance between
 the query block and the key block; the only subtraction is between two sums of at most one block each plus the
 (non-cancelling) running total, so the rounding error is that of a ``BLOCK``-long sum, independent of the
 sequence length.
