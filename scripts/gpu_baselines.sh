@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The fla baselines on a GPU, in one device call (logs under $OUT if set, else ./outputs/gpu_baselines):
+# The fla baselines on a GPU, in one command (logs under $OUT if set, else ./outputs/gpu_baselines):
 #
 #   bash scripts/gpu_baselines.sh                           # all five baselines
 #   MODELS="mamba2 deltanet" bash scripts/gpu_baselines.sh  # a subset (e.g. to split the work over calls)
@@ -10,9 +10,9 @@
 # `train.py model=<m> model/size=tiny data=embedded` run (TRAIN_STEPS steps, held-out and per-token loss).
 # First the tests every model shares. One summary line per model at the end (and in $OUT/summary.txt).
 # Stages left when BUDGET_S seconds have passed are skipped (reported as such), so the logs come back before
-# a 10-minute device limit; fla's Triton kernels compile and autotune on first use, which takes most of it.
+# a 10-minute time limit on the job; fla's Triton kernels compile and autotune on first use, which takes most of it.
 # Needs: torch + triton (CUDA), hydra/omegaconf/zarr/tokenizers/transformers on PYTHONPATH (set by the caller);
-# fla and einops install from the wheels in .whl/ (carried, no internet).
+# fla and einops install from the wheels in .whl/ when present (no network needed).
 set -uo pipefail
 OUTDIR=${OUT:-outputs/gpu_baselines}
 mkdir -p "$OUTDIR"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# GPU checks of the training stack in one device call; outputs under $OUT (else outputs/gpu_train).
+# GPU checks of the training stack in one command; outputs under $OUT (else outputs/gpu_train).
 #   bash scripts/gpu_train_checks.sh single   # one GPU: train.py end to end (bf16), bench_train.py 125M/760M at 16k
 #   bash scripts/gpu_train_checks.sh multi    # two GPUs: FSDP 1 vs 2 ranks (same global batch), FSDP throughput
-# Hydra, omegaconf, antlr4 and zarr must be importable (on the lent machines: install the carried wheels first).
+# Hydra, omegaconf, antlr4 and zarr must be importable (on a machine without network access: install wheels first).
 set -uo pipefail
 OUTDIR=${OUT:-outputs/gpu_train}
 mkdir -p "$OUTDIR"
