@@ -1,0 +1,77 @@
+"""The tracked files speak of the software, not of how it was developed: no numbered work sessions or periods,
+throwaway variants, scratch folders, issue numbers, machine-lending terms or commit hashes in prose. History
+belongs in git. A hit names the file, the line and the pattern."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+THIS = Path(__file__).resolve().relative_to(ROOT).as_posix()
+
+# Text the project writes: code, docs, configs, scripts (data files such as tokenizers and result JSON are not prose).
+SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".ini", ".cfg", ".toml", ".txt", ".sbatch", ""}
+
+PATTERNS = {
+    "a numbered work session": r"\bsessions? \d+|\bsession-\d+|\b(?:this|next|the) session(?:'s)?\b(?! of its own)",
+    "a numbered work period": r"\b(?:work )?periods? \d+\b",
+    "a throwaway variant": r"\bthrowaway\b",
+    "a scratch folder outside the repo": r"(?<![\w./-])ab/",
+    "an issue number": r"\bissues? #?\d+\b",
+    "a machine-lending term": r"\blent (?:GPU )?machines?\b|\blending\b|\bnvidia-h[12]00(?:-x\d)?\b|\bdevice call\b",
+    "a tried-and-dropped diary entry": r"\btried (?:and (?:reverted|not kept)|in (?:session|period))\b",
+    "a commit hash in prose": r"\bcommits? \(?[0-9a-f]{7,40}\b|\bat commit\b|\breverted (?:by|in) [0-9a-f]{7}",
+    "a stale re-run note": r"\bnot re-run since\b",
+    "a project-goal scorecard": r"\bstretch goals?\b|\bthe goals? of\b",
+}
+COMPILED = {name: re.compile(p, re.IGNORECASE) for name, p in PATTERNS.items()}
+
+
+def tracked_text_files():
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    for rel in out.stdout.splitlines():
+        path = ROOT / rel
+        if rel == THIS or Path(rel).suffix not in SUFFIXES or not path.is_file():
+            continue
+        try:
+            yield rel, path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+
+
+def hits(text):
+    """(line number, pattern name, line) of every match in ``text``."""
+    for n, line in enumerate(text.splitlines(), 1):
+        for name, rx in COMPILED.items():
+            if rx.search(line):
+                yield n, name, line.strip()
+
+
+def test_tracked_files_do_not_describe_the_development_process():
+    found = [f"{rel}:{n}: {name}: {line[:160]}" for rel, text in tracked_text_files() for n, name, line in hits(text)]
+    assert not found, "development-process words in tracked files:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("line", [
+    "docs/benchmarks.md, session 15", "sessions 18 and 19", "## Session 26: where the time goes", "this session",
+    "the session's last device minutes", "tried in period 3", "a throwaway patch", "timed against `ab/cur`",
+    "(issue 3)", "issue #12", "the lent GPU machines", "kind `nvidia-h200-x2`", "in one device call",
+    "Tried and reverted (session 7)", "at commit 7bc8a61", "(commits b37fb78 and a5d0b3a)", "not re-run since",
+    "the stretch goal: 340 TFLOP/s", "the goals of issue 3",
+])
+def test_patterns_catch_process_words(line):
+    assert list(hits(line)), line
+
+
+@pytest.mark.parametrize("line", [
+    '@pytest.fixture(scope="session")', "torchrun starts each rank in a session of its own",
+    "the last periodic checkpoint", "a tab/space mix", "dtype=torch.float32 (see lab/ and slab/)",
+    "fla-org/flash-linear-attention#640", "triton-lang/triton#11366", "commit `a0b16d35a9851168`",
+    "it has not been measured", "the checkpoint tried next", "the output is silent", "lentil",
+])
+def test_patterns_leave_ordinary_words_alone(line):
+    assert not list(hits(line)), line
