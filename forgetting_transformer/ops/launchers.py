@@ -183,6 +183,7 @@ def host_stages():
     (``launch <kernel name>``: triton's argument binding and specialisation, TMA descriptors, the driver call)
     adds its inclusive wall seconds to the dict the context yields (clear it between timings). Nested stages
     overlap, so the entries do not add up to a call."""
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     acc: dict[str, float] = {}
@@ -196,24 +197,27 @@ def host_stages():
                 acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    run = JITFunction.run
+    def timed_run(run):
+        def wrapper(self, *a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return run(self, *a, **kw)
+            finally:
+                key = f"launch {self.fn.__name__}"
+                acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
+        return wrapper
 
-    def timed_run(self, *a, **kw):
-        t0 = time.perf_counter()
-        try:
-            return run(self, *a, **kw)
-        finally:
-            key = f"launch {self.fn.__name__}"
-            acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
-
+    runs = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}  # (the interpreter's: CPU runs)
     saved = {name: getattr(_fa, name) for name in HOST_STAGES}
     try:
-        JITFunction.run = timed_run
+        for cls, run in runs.items():
+            cls.run = timed_run(run)
         for name in HOST_STAGES:
             setattr(_fa, name, timed(name, saved[name]))
         yield acc
     finally:
-        JITFunction.run = run
+        for cls, run in runs.items():
+            cls.run = run
         for name, fn in saved.items():
             setattr(_fa, name, fn)
 
