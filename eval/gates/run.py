@@ -108,9 +108,8 @@ def analyze(model, input_ids: torch.Tensor, out_dir, *, layers=None, heads=None,
     """Run the analysis of ``model`` (a ``DecoderLM`` in eval mode) on ``input_ids`` (1, T), write the files to
     ``out_dir`` and plot them. Returns ``{"json": path, "npz": path, "acp": path | None, "gates_png": ...,
     "acp_png": ...}``."""
-    from tqdm.auto import tqdm
-
     from eval.gates.plot import plot_acp, plot_gates
+    from forgetting_transformer.training.progress import progress as counted
 
     meta = dict(meta or {})
     name = meta.setdefault("name", getattr(model.cfg, "name", "model"))
@@ -133,7 +132,7 @@ def analyze(model, input_ids: torch.Tensor, out_dir, *, layers=None, heads=None,
     captured = analysis.capture(model, input_ids, hooked)
 
     maps, log_fs, acp_layers = {}, {}, []  # maps[key][layer], log_fs[layer]: stacked in the order of `layers`
-    for layer in tqdm(hooked, desc="gate analysis", unit="layer", disable=not progress):
+    for layer in counted(hooked, "gate analysis", "layer", enabled=progress):
         x, out = captured.pop(layer)
         q, k, v, log_f = analysis.project(mods[layer], x)
         mats = {}

@@ -27,9 +27,8 @@ import torch.nn.functional as F
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from tqdm import tqdm
-
 from eval.common import load_model_and_tokenizer
+from forgetting_transformer.training.progress import progress
 
 
 def _bool(v) -> bool:
@@ -157,7 +156,7 @@ class FoXLM(TemplateLM):
             inp = (ctx + cont)[-(self.max_length + 1):][:-1]
             prepared.append((idx, inp, cont))
         prepared.sort(key=lambda r: -len(r[1]))  # longest first: an OOM shows up at once, padding stays small
-        for chunk in tqdm(self._batches(prepared), disable=disable_tqdm, desc="loglikelihood"):
+        for chunk in progress(list(self._batches(prepared)), "loglikelihood", "batch", enabled=not disable_tqdm):
             keep = max(len(c) for _, _, c in chunk)
             logits = self._forward_logits([inp for _, inp, _ in chunk], keep)  # (B, keep, V) float32
             for row, (idx, _, cont) in zip(logits, chunk):
@@ -210,7 +209,8 @@ class FoXLM(TemplateLM):
             gen_kwargs = dict(do_sample=do_sample, **({"temperature": temperature} if do_sample else {}), **kwargs)
             enc = [(i, self.tok_encode(requests[i].args[0])[-(self.max_length - max_new):]) for i in idxs]
             enc.sort(key=lambda r: -len(r[1]))
-            for b in tqdm(range(0, len(enc), self.batch_size), disable=disable_tqdm, desc="generate_until"):
+            for b in progress(range(0, len(enc), self.batch_size), "generate_until", "batch",
+                              enabled=not disable_tqdm):
                 chunk = enc[b:b + self.batch_size]
                 T = max(len(x) for _, x in chunk)
                 ids = torch.full((len(chunk), T), self.pad_id, dtype=torch.long)

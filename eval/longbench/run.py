@@ -130,11 +130,11 @@ def score_predictions(dataset: str, rows: list[dict], mode: str = "paper") -> fl
 
 def predict_dataset(model, tokenizer, dataset: str, data: list[dict], out_file: Path, *, max_length: int,
                     max_new_tokens: int, template: str, device, truncation: str = "ids", progress: bool = True):
-    from tqdm.auto import tqdm
+    from forgetting_transformer.training.progress import progress as counted
 
     tmp = out_file.with_suffix(".jsonl.partial")
     with open(tmp, "w", encoding="utf-8") as f:
-        for example in tqdm(data, desc=dataset, disable=not progress):
+        for example in counted(data, f"LongBench {dataset}", "example", enabled=progress):
             ids = encode_prompt(tokenizer, build_prompt(template, example), max_length, truncation)
             pred = generate_one(model, tokenizer, ids, max_new_tokens, device)
             row = {"pred": pred, "answers": example["answers"], "all_classes": example.get("all_classes"),

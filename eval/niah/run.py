@@ -209,9 +209,8 @@ def evaluate_model(path, out_dir, *, mode: str = "standard", lengths=DEFAULT_LEN
                    haystack: str | None = None, max_new_tokens: int = 32, judge: str | None = None,
                    device: str = "cpu", step: int | None = None, tokenizer: str | None = None,
                    name: str | None = None, progress: bool = True) -> Path:
-    from tqdm.auto import tqdm
-
     from eval.common import load_model_and_tokenizer
+    from forgetting_transformer.training.progress import progress as counted
 
     judge_fn = load_judge(judge)
     model, tok, info = load_model_and_tokenizer(path, step=step, tokenizer=tokenizer, device=device)
@@ -219,7 +218,7 @@ def evaluate_model(path, out_dir, *, mode: str = "standard", lengths=DEFAULT_LEN
     name = name or f"{info['name']} ({Path(path).resolve().name})"
     results = []
     cells = [(L, d) for L in lengths for d in depths]
-    for L, d in tqdm(cells, desc=f"NIAH {mode} {Path(path).name}", disable=not progress):
+    for L, d in counted(cells, f"NIAH {mode} {Path(path).name}", "cell", enabled=progress):
         p = builder.build(L, d)
         ids = p["input_ids"]
         pred = generate(model, tok, ids, max_new_tokens, device)

@@ -304,7 +304,8 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
     ``heldout_inputs`` (files or directories), exactly the documents of those files (then every
     document of ``inputs`` is train: a corpus whose split is fixed, e.g. by author)."""
     import zarr
-    from tqdm.auto import tqdm
+
+    from ..training.progress import Progress
 
     _validate_args(inputs, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, max_docs,
                    hf_dataset, heldout_inputs)
@@ -375,7 +376,7 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
     doc_records: list[dict] = [None] * n_docs  # type: ignore[list-item]
     split_stats: dict[str, dict] = {}
     batch_docs = 32
-    bar = tqdm(total=n_docs, desc="tokenizing", unit="doc", disable=not progress, file=sys.stderr)
+    bar = Progress(n_docs, "tokenizing", "doc", enabled=progress)
     for split in ("train", "heldout"):
         chunks: list[np.ndarray] = []
         st = {"docs": len(split_docs[split]), "docs_kept": 0, "docs_dropped_short": 0,

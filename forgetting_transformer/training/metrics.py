@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from .rundir import RunDirError, write_atomic
+
 # Dense bf16 peak FLOP/s by device-name substring (checked in order). Override with train.peak_tflops.
 PEAK_BF16_FLOPS = (
     ("H200", 989.5e12),
@@ -99,20 +101,36 @@ class MetricsLogger:
 
     def truncate_for_resume(self, step: int) -> None:
         """Keep the rows of the state a run resumes from (``step``; 0 without a checkpoint): drop training rows
-        after it and every evaluation row (``heldout_loss``) from it on, since the resumed run logs them again."""
+        after it and every evaluation row (``heldout_loss``) from it on, since the resumed run logs them again.
+        A last line cut short (a write a crash or a full disk interrupted) is dropped too; the file is replaced
+        in one step, so a crash meanwhile loses no row."""
         if not self.enabled or not self.path.exists():
             return
-        rows = [line for line in self.path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if (row := json.loads(r)).get("step", 0) <= step
-                and not ("heldout_loss" in row and row["step"] >= step)]
-        self.path.write_text("".join(r + "\n" for r in kept))
+        kept = []
+        lines = self.path.read_text().split("\n")
+        for i, line in enumerate(lines[:-1]):
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{self.path}, line {i + 1}: not a metrics row ({e}): {line[:80]!r}; only its "
+                                 "last line can be cut by a crash, so this file was edited or damaged: fix or "
+                                 "remove that line, then resume again") from e
+            if row.get("step", 0) <= step and not ("heldout_loss" in row and row["step"] >= step):
+                kept.append(line)
+        if lines[-1]:
+            self.say(f"{self.path}: dropped a last line cut short by an interrupted write ({lines[-1][:60]!r})")
+        write_atomic(self.path, "".join(r + "\n" for r in kept))
 
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
         print(format_record(record), flush=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as e:  # a row cut short by it is dropped by the next resume
+            raise RunDirError(f"could not append to {self.path}: {e}; resume=true continues from the newest "
+                              "checkpoint once the directory takes writes again") from e
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in record.items() if v is not None}, step=record["step"])
 

@@ -2,7 +2,9 @@
 submitit (the hydra SLURM launcher) is listening for it.
 
 The handler only sets a flag; the training loop checks it after each optimizer step, agrees on it across ranks,
-writes a checkpoint and exits with ``PREEMPTED_EXIT_CODE`` so the job script can requeue itself. Under submitit,
+writes a checkpoint and exits with ``PREEMPTED_EXIT_CODE`` so the job script can requeue itself. The final
+evaluation checks it after each batch (``raise_if_stopping``) and stops the same way: its checkpoint is already
+written, and the resumed run evaluates again. Under submitit,
 SIGUSR2 is submitit's own "about to time out / preempted" signal and its handler requeues the job: that handler
 is deferred until the checkpoint is on disk (``hand_over``), so the requeued job resumes from the step where the
 signal arrived instead of from the last periodic checkpoint.
@@ -16,6 +18,14 @@ import torch
 import torch.distributed as dist
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
+
+
+class Preempted(Exception):
+    """A preemption signal arrived during a loop that stops by unwinding (the final evaluation)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 class PreemptionFlag:
@@ -40,6 +50,11 @@ class PreemptionFlag:
         flag = torch.tensor(float(self.received is not None), device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+    def raise_if_stopping(self, device: torch.device) -> None:
+        """Raise Preempted on every rank if any rank got a signal."""
+        if self.should_stop(device):
+            raise Preempted(self.received if self.received is not None else -1)
 
     def hand_over(self) -> None:
         """Call, once the checkpoint is written, the handler deferred for the received signal (submitit's: it

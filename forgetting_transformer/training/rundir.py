@@ -3,15 +3,37 @@
 A run directory holds one run's files (``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``train.log``, the
 evaluation outputs) and Hydra's ``.hydra/``. ``claim`` refuses a directory another run has written unless the run
 resumes it or ``overwrite=true`` clears it first; ``discard_if_unused`` removes a directory that a failed start
-left holding only Hydra's files; ``ConsoleLog`` copies stdout and stderr into ``train.log``.
+left holding only Hydra's files; ``ConsoleLog`` copies stdout and stderr into ``train.log``; ``write_atomic``
+replaces a file whole or not at all.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 from pathlib import Path
+
+
+class RunDirError(RuntimeError):
+    """A file of the run directory could not be written (a full disk, a read-only mount)."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step (a process killed meanwhile leaves the old file or the new one,
+    never a cut one); an OSError becomes RunDirError naming the file."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RunDirError(f"could not write {path}: {e}") from e
 
 def run_files(out: Path) -> list[str]:
     """Names in ``out`` that a run wrote (everything but Hydra's own files and an empty train.log)."""
@@ -47,14 +69,22 @@ def discard_if_unused(out: Path) -> None:
 
 
 class _Tee:
-    """A text stream that writes to the console stream and to the log file."""
+    """A text stream that writes to the console stream and to the log file. A log write that fails (a full
+    disk) stops the copying, said once on the console; the console itself goes on."""
+
+    copied_to_log = True  # progress lines are printed whole here, not redrawn in place
 
     def __init__(self, stream, log):
         self.stream, self.log = stream, log
 
     def write(self, text: str) -> int:
-        self.log.write(text)
-        self.log.flush()
+        if self.log is not None and not self.log.closed:
+            try:
+                self.log.write(text)
+                self.log.flush()
+            except OSError as e:
+                self.log = None
+                self.stream.write(f"\nwarning: train.log is no longer written ({e}); the console goes on\n")
         return self.stream.write(text)
 
     def flush(self) -> None:
@@ -75,7 +105,10 @@ class ConsoleLog:
     def __enter__(self):
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._log = open(self.path, "a", encoding="utf-8")
+            try:
+                self._log = open(self.path, "a", encoding="utf-8")
+            except OSError as e:
+                raise RunDirError(f"could not open {self.path}: {e}") from e
             self._saved = sys.stdout, sys.stderr
             sys.stdout, sys.stderr = _Tee(sys.stdout, self._log), _Tee(sys.stderr, self._log)
             # Hydra's console handler holds the stream it was built with: point it at the tee
@@ -90,5 +123,8 @@ class ConsoleLog:
             for h, stream in self._handlers:
                 h.setStream(stream)
             sys.stdout, sys.stderr = self._saved
-            self._log.close()
+            try:
+                self._log.close()
+            except OSError:  # what a full disk kept of the log stays; the error that matters is already raised
+                pass
         return False

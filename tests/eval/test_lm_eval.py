@@ -94,8 +94,9 @@ def test_registered_and_simple_evaluate(fox_lm, include_dir):
     assert ppl["word_perplexity,none"] == pytest.approx(float(torch.tensor(-total / words).exp()), rel=1e-4)
 
 
-def test_rolling_windows_and_batching(fox_lm):
-    """A document longer than max_length is scored in disjoint windows; the batch size changes nothing."""
+def test_rolling_windows_and_batching(fox_lm, capsys, monkeypatch):
+    """A document longer than max_length is scored in disjoint windows; the batch size changes nothing; a
+    progress line per batch where lm-eval asks for progress."""
     text = " ".join(json.loads(line)["text"] for line in (FIXTURES / "ppl.jsonl").read_text().splitlines()) * 3
     req = SimpleNamespace(args=(text,))
     full = fox_lm.loglikelihood_rolling([req], disable_tqdm=True)[0]
@@ -114,7 +115,10 @@ def test_rolling_windows_and_batching(fox_lm):
         fox_lm.batch_size = 1
         one = fox_lm.loglikelihood(reqs, disable_tqdm=True)
         fox_lm.batch_size = 4
-        four = fox_lm.loglikelihood(reqs, disable_tqdm=True)
+        monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")
+        capsys.readouterr()
+        four = fox_lm.loglikelihood(reqs, disable_tqdm=False)
+        assert "loglikelihood: 1/1 batch (100%) | " in capsys.readouterr().err
         fox_lm.max_logit_tokens = 6  # splits the batch of 4 by its scored positions
         assert [len(c) for c in fox_lm._batches([(0, [1], [1] * 5), (1, [1], [1]), (2, [1], [1] * 2)])] == [1, 2]
         capped = fox_lm.loglikelihood(reqs, disable_tqdm=True)

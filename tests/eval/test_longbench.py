@@ -165,11 +165,13 @@ def test_encode_prompt_cuts_the_middle_exactly(tokenizer):
 # ------------------------------------------------------------------------------------------------------- run.py
 
 
-def test_run_end_to_end_on_a_tiny_run(tiny_text_run, tmp_path):
+def test_run_end_to_end_on_a_tiny_run(tiny_text_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")  # a progress line per example
     out = tmp_path / "lb"
     run.main([str(tiny_text_run), "--out", str(out), "--data-dir", str(FIXTURES), "--datasets", "multi_news",
-              "hotpotqa", "trec", "--max-length", "512", "--limit", "2", "--max-new-tokens", "4", "--device", "cpu",
-              "--no-progress"])
+              "hotpotqa", "trec", "--max-length", "512", "--limit", "2", "--max-new-tokens", "4", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert all(f"LongBench {d}: 2/2 example (100%) | " in err for d in ("multi_news", "hotpotqa", "trec"))
     res = json.loads((out / "scores.json").read_text())
     assert set(res["scores"]) == {"multi_news", "hotpotqa", "trec"} and res["n"] == dict.fromkeys(res["scores"], 2)
     assert res["max_length"] == 512 and res["limit"] == 2 and res["postprocess"] == "paper"

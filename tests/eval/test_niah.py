@@ -129,7 +129,8 @@ def test_judge_hook_replaces_scores(tiny_text_run, tmp_path, monkeypatch):
         run.load_judge("my_judge")
 
 
-def test_cli_end_to_end_and_replot(tiny_text_run, tmp_path, capsys):
+def test_cli_end_to_end_and_replot(tiny_text_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")  # a progress line per cell
     out = tmp_path / "niah"
     run.main([str(tiny_text_run), "--out", str(out), "--mode", "easy", "--lengths", "256,512", "--depths", "0,100",
               "--max-new-tokens", "8", "--device", "cpu"])
@@ -161,4 +162,6 @@ def test_cli_end_to_end_and_replot(tiny_text_run, tmp_path, capsys):
     assert png.stat().st_size > 10_000
     lengths, depths, grid = plot.score_grid(res)
     assert lengths == [256, 512] and depths == [0, 100] and grid.shape == (2, 2)
-    assert "mean score" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "mean score" in printed.out
+    assert "NIAH easy run: 1/4 cell (25%) | " in printed.err and "NIAH easy run: 4/4 cell (100%) | " in printed.err

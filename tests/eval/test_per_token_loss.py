@@ -52,7 +52,8 @@ def test_load_run_restores_the_trained_weights(runs):
         load_run(tmp)
 
 
-def test_cli_evaluates_beyond_training_length_and_plots(runs, tmp_path):
+def test_cli_evaluates_beyond_training_length_and_plots(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")  # a progress line per batch
     tmp, dirs = runs
     out = tmp_path / "res"
     run.main([str(d) for d in dirs] + ["--out", str(out), "--rows", "3", "--length", "256", "--window", "5",
@@ -68,6 +69,7 @@ def test_cli_evaluates_beyond_training_length_and_plots(runs, tmp_path):
         expected = model(x, y).double().mean(0)
     np.testing.assert_allclose(res["loss"], expected.numpy(), rtol=1e-5)
     assert (out / "per_token_loss.png").stat().st_size > 10_000
+    assert "per-token loss: 1/1 batch (100%) | " in capsys.readouterr().err  # 3 rows, batch size 4
     replot = plot.plot_per_token_loss(results, tmp_path / "again.png", window=3, logx=True)
     assert replot.stat().st_size > 10_000
 

@@ -1,0 +1,142 @@
+"""Progress of long loops (training between log steps, evaluations, corpus preparation): count, rate and ETA.
+
+Not on a terminal (a SLURM log, a pipe), and under train.py (whose console is copied into train.log), a plain line
+is printed once at least ``every`` seconds have passed since the last one (checked at each update), so logs
+stay readable and train.log holds what the console shows::
+
+    held-out loss: 12/40 batch (30%) | 3.1 batch/s | elapsed 0:00:04 | ETA 0:00:09
+
+On a terminal the same text is redrawn in place (at most 5 times a second). ``every`` defaults to the
+environment's ``FOX_PROGRESS_SECONDS`` (10 when unset).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
+_REDRAW_S = 0.2
+
+
+def default_every() -> float:
+    value = os.environ.get("FOX_PROGRESS_SECONDS", "10")
+    try:
+        every = float(value)
+    except ValueError:
+        raise ValueError(f"FOX_PROGRESS_SECONDS={value!r}: expected a number of seconds") from None
+    if every < 0:
+        raise ValueError(f"FOX_PROGRESS_SECONDS={value!r}: must be >= 0")
+    return every
+
+
+def _clock_text(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def rate_text(rate: float) -> str:
+    """A rate with three significant digits and a k/M/G suffix."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if rate >= scale:
+            return f"{rate / scale:.3g}{suffix}"
+    return f"{rate:.3g}"
+
+
+class Progress:
+    """``update(n)`` after each unit of work; ``close()`` (or the ``with`` block's end) prints the final line.
+
+    ``total``: units expected (None: unknown, no percentage or ETA); ``initial``: units done before (a resumed
+    run: the rate and ETA count this process's work only); ``detail``: a callable whose text is appended (e.g.
+    tokens/s); ``stream``: default ``sys.stderr`` as it is at each write; ``clock``: seconds, monotonic."""
+
+    def __init__(self, total: int | None, desc: str, unit: str = "it", *, initial: int = 0,
+                 every: float | None = None, stream=None, enabled: bool = True,
+                 clock: Callable[[], float] = time.monotonic, detail: Callable[[], str] | None = None):
+        self.total, self.desc, self.unit, self.n, self.start_n = total, desc, unit, initial, initial
+        self.every = default_every() if every is None else every
+        self.stream, self.enabled, self.clock, self.detail = stream, enabled, clock, detail
+        self.t0 = self.t_line = self.t_draw = clock()
+        self.closed, self.lines, self.n_line = False, 0, None
+
+    def _out(self):
+        return self.stream if self.stream is not None else sys.stderr
+
+    def _live(self) -> bool:
+        """In-place redraws only on a terminal that is not being copied into a log."""
+        out = self._out()
+        return bool(getattr(out, "isatty", lambda: False)()) and not getattr(out, "copied_to_log", False)
+
+    def rate(self) -> float:
+        """Units per second done by this process so far."""
+        elapsed = self.clock() - self.t0
+        return (self.n - self.start_n) / elapsed if elapsed > 0 else 0.0
+
+    def text(self) -> str:
+        elapsed = max(self.clock() - self.t0, 0.0)
+        done, rate = self.n - self.start_n, self.rate()
+        count = f"{self.n}/{self.total} {self.unit}" if self.total is not None else f"{self.n} {self.unit}"
+        if self.total:
+            count += f" ({100 * self.n / self.total:.0f}%)"
+        parts = [f"{self.desc}: {count}", f"{rate_text(rate)} {self.unit}/s" if done else f"-- {self.unit}/s"]
+        if self.detail is not None:
+            parts.append(self.detail())
+        parts.append(f"elapsed {_clock_text(elapsed)}")
+        if self.total is not None and self.n < self.total:
+            parts.append(f"ETA {_clock_text((self.total - self.n) / rate)}" if rate > 0 else "ETA --")
+        return " | ".join(parts)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if not self.enabled:
+            return
+        now = self.clock()
+        if self._live():
+            if now - self.t_draw >= _REDRAW_S:
+                self.t_draw = now
+                self._out().write("\r" + self.text() + "\x1b[K")
+                self._out().flush()
+        elif now - self.t_line >= self.every:
+            self.line()
+
+    def line(self) -> None:
+        """Print the progress line now."""
+        self.t_line, self.n_line = self.clock(), self.n
+        self.lines += 1
+        self._out().write(self.text() + "\n")
+        self._out().flush()
+
+    def hold(self) -> None:
+        """Another line (a metrics row) was just printed: the next progress line waits a whole interval."""
+        self.t_line = self.clock()
+
+    def close(self) -> None:
+        if self.closed or not self.enabled:
+            self.closed = True
+            return
+        self.closed = True
+        if self._live():
+            self._out().write("\r" + self.text() + "\x1b[K\n")
+            self._out().flush()
+        elif self.lines and self.n_line != self.n:  # progress lines were printed: say where it ended
+            self.line()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+
+def progress(items: Iterable[T], desc: str, unit: str = "it", *, total: int | None = None,
+             **kwargs) -> Iterator[T]:
+    """Yield ``items`` and count each one (``total`` defaults to ``len(items)`` where there is one)."""
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    with Progress(total, desc, unit, **kwargs) as bar:
+        for item in items:
+            yield item
+            bar.update()

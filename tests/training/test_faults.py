@@ -1,0 +1,314 @@
+"""Fault injection over a multi-checkpoint toy run (CPU): kill -9 at seeded random points, a damaged newest
+checkpoint, a disk that fills up during a checkpoint write, SIGTERM during evaluation and training.
+
+Every trial must end either in a resumed run that is bit-identical to one uninterrupted reference run (every
+metrics row, the final checkpoint's tensors, the per-token-loss curve) or in a clear error (``error: ...``, no
+traceback); and after every fault the run dir's metrics.jsonl holds a prefix of the reference's rows (none mixed,
+duplicated or lost). Runs are forked from pre-imported processes (tests/training/faults.py explains how faults are
+placed), two at a time. ``FOX_FAULT_SEED`` picks another seed, ``FOX_FAULT_KILLS`` another number of kill trials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_train_e2e import command
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = int(os.environ.get("FOX_FAULT_SEED", "0"))
+KILL_TRIALS = int(os.environ.get("FOX_FAULT_KILLS", "24"))
+EXTRA = ("eval.per_token_rows=2", "train.keep_checkpoints=2")  # 12 steps, checkpoints at 4, 8, 12
+ROW_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "heldout_loss")  # not the timing fields
+SIGNAL_NAMES = {-9: "SIGKILL", -15: "SIGTERM"}
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+class Runner:
+    """Processes with train.py imported once; each run is a fork of one of them (two runs at a time)."""
+
+    def __init__(self, n: int = 2):
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.procs = [subprocess.Popen([sys.executable, "-u", str(Path(__file__).with_name("faults.py"))],
+                                       cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                      for _ in range(n)]
+        self.free = queue.Queue()
+        for p in self.procs:
+            self.free.put(p)
+
+    def run(self, data_dir, out: Path, *extra, fault=None, events=None, tag="run") -> Result:
+        out = Path(out)
+        logs = out.parent / f"{out.name}.{tag}"
+        req = {"argv": command(data_dir, out, *EXTRA, *extra)[2:], "out": str(out), "fault": fault,
+               "stdout": f"{logs}.out", "stderr": f"{logs}.err", "events": str(events) if events else None}
+        proc = self.free.get()
+        try:
+            proc.stdin.write(json.dumps(req) + "\n")
+            proc.stdin.flush()
+            answer = proc.stdout.readline()
+        finally:
+            self.free.put(proc)
+        assert answer, "the run's parent process died"
+        return Result(json.loads(answer)["rc"], Path(req["stdout"]).read_text(), Path(req["stderr"]).read_text())
+
+    def close(self):
+        for p in self.procs:
+            p.stdin.close()
+            p.wait(timeout=30)
+
+
+def metrics(out: Path) -> tuple[list[tuple], str]:
+    """(each complete metrics.jsonl row's deterministic fields, a torn last line or '')."""
+    path = out / "metrics.jsonl"
+    text = path.read_text() if path.exists() else ""
+    lines = text.split("\n")
+    return [tuple(json.loads(r).get(k) for k in ROW_KEYS) for r in lines[:-1]], lines[-1]
+
+
+def checkpoint_tensors(path: Path) -> dict:
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    return _load_state_dict_from_keys(checkpoint_id=str(path))
+
+
+def differences(a, b, path="") -> list[str]:
+    """Where two nested states (tensors, arrays, containers, scalars) are not bit-identical."""
+    if isinstance(a, torch.Tensor):
+        ok = isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        ok = isinstance(b, np.ndarray) and np.array_equal(a, b)
+    elif isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return [d for k in a for d in differences(a[k], b[k], f"{path}/{k}")]
+    elif isinstance(a, (list, tuple)) and type(a) is type(b) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}/{i}")]
+    else:
+        ok = a == b
+    return [] if ok else [path or "/"]
+
+
+@dataclass
+class Reference:
+    out: Path
+    rows: list
+    events: list
+    checkpoints: list
+    final: dict
+    curve: list
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = Runner()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def reference(runner, markov_data_dir, tmp_path_factory) -> Reference:
+    out = tmp_path_factory.mktemp("faults") / "reference"
+    events = out.parent / "events.json"
+    res = runner.run(markov_data_dir, out, events=events)
+    assert res.rc == 0, res.stderr[-3000:]
+    rows, torn = metrics(out)
+    assert [r[0] for r in rows] == [*range(1, 13), 12] and torn == ""
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step_00000008", "step_00000012"]
+    return Reference(out, rows, json.loads(events.read_text()), ckpts,
+                     checkpoint_tensors(out / "checkpoints" / ckpts[-1]),
+                     json.loads((out / "per_token_loss.json").read_text())["loss"])
+
+
+def check_prefix(out: Path, ref: Reference, after: str) -> None:
+    rows, _ = metrics(out)  # a torn last line is what a cut write leaves; the resume drops it
+    assert rows == ref.rows[: len(rows)], f"{after}: metrics.jsonl is not a prefix of the reference's rows: {rows}"
+
+
+def check_identical(out: Path, ref: Reference, same_checkpoints: bool = True) -> None:
+    """The resumed run is the reference: rows, final checkpoint, per-token loss; ``same_checkpoints``: the same
+    checkpoints kept (a preempted run keeps the one of its stop step instead), and never a leftover."""
+    rows, torn = metrics(out)
+    assert torn == "" and rows == ref.rows, f"resumed rows differ from the reference: {rows}"
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ref.checkpoints if same_checkpoints else (
+        len(names) == len(ref.checkpoints) and names[-1] == ref.checkpoints[-1]
+        and all(n.startswith("step_") and "." not in n for n in names)), f"checkpoints/ holds {names}"
+    diff = differences(checkpoint_tensors(out / "checkpoints" / names[-1]), ref.final)
+    assert not diff, f"the final checkpoint differs at {diff[:5]}"
+    assert json.loads((out / "per_token_loss.json").read_text())["loss"] == ref.curve, "per-token loss differs"
+
+
+def check_clear_error(res: Result, *needles: str) -> None:
+    last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
+    assert res.rc == 1 and last.startswith("error: ") and "Traceback" not in res.stderr, res.stderr[-2000:]
+    for n in needles:
+        assert n in last, (n, last)
+
+
+def resume_and_check(runner, data_dir, out: Path, ref: Reference, same_checkpoints: bool = True) -> Result:
+    res = runner.run(data_dir, out, "resume=true", tag="resume")
+    assert res.rc == 0, f"resume failed (rc {res.rc}): {res.stderr[-2000:]}"
+    check_identical(out, ref, same_checkpoints)
+    return res
+
+
+def run_trials(trials: dict) -> None:
+    """Run ``{name: fn}`` two at a time; fail listing every trial that failed."""
+    def attempt(item):
+        name, fn = item
+        try:
+            fn()
+            return None
+        except AssertionError as e:
+            return f"{name}: {e}"
+
+    with ThreadPoolExecutor(2) as pool:
+        failures = [f for f in pool.map(attempt, trials.items()) if f]
+    assert not failures, f"{len(failures)} of {len(trials)} trials failed:\n" + "\n".join(failures)
+
+
+def pick_events(events: list, rng: np.random.Generator, n: int, where=lambda kind, path: True) -> list[int]:
+    """``n`` event numbers (1-based): a uniform pick over units, where the writes of one file in a row are one
+    unit and every other event is its own, then a uniform event within the unit (so the thousands of shard writes
+    do not crowd out the few renames, unlinks and metrics rows)."""
+    units: list[list[int]] = []
+    for i, (kind, path) in enumerate(events):
+        if not where(kind, path):
+            continue
+        if units and kind == "write" and events[units[-1][-1]] == [kind, path] and units[-1][-1] == i - 1:
+            units[-1].append(i)
+        else:
+            units.append([i])
+    picks = rng.choice(len(units), size=n, replace=n > len(units))
+    return [int(rng.choice(units[u])) + 1 for u in picks]
+
+
+def test_kill_at_random_points_resumes_bit_identically(runner, reference, markov_data_dir, tmp_path):
+    """kill -9 at seeded random file-system events of the reference run; every third trial is killed again at a
+    random point of its resumed run; then a resume must reproduce the reference exactly."""
+    rng = np.random.default_rng([SEED, 1])
+    ats = pick_events(reference.events, rng, KILL_TRIALS)
+
+    def trial(i, at, cut, second):
+        out = tmp_path / f"kill{i}"
+        res = runner.run(markov_data_dir, out, fault={"kind": "kill", "at": at, "cut": cut}, tag="killed")
+        assert res.rc == -9, f"not killed at event {at} (rc {res.rc}): {res.stderr[-1500:]}"
+        assert f"at event {at} ({' '.join(reference.events[at - 1])})" in res.stderr, res.stderr[-500:]
+        check_prefix(out, reference, f"kill at event {at}")
+        if second:
+            res = runner.run(markov_data_dir, out, "resume=true", fault={"kind": "kill", "at": second, "cut": cut},
+                             tag="killed2")
+            assert res.rc in (-9, 0), f"resume before the second kill failed: {res.stderr[-1500:]}"
+            check_prefix(out, reference, f"second kill at event {second}")
+        resume_and_check(runner, markov_data_dir, out, reference)
+
+    trials = {}
+    for i, at in enumerate(ats):
+        cut = float(rng.choice([0.0, rng.random()]))
+        second = int(rng.integers(1, len(reference.events))) if i % 3 == 0 else 0
+        trials[f"kill {i} at event {at} {reference.events[at - 1]} cut {cut:.2f} second {second}"] = (
+            lambda i=i, at=at, cut=cut, second=second: trial(i, at, cut, second))
+    run_trials(trials)
+
+
+def damage(path: Path, rng: np.random.Generator) -> str:
+    """Damage one file of checkpoint ``path`` as a disk or a copy might; returns what was done."""
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    f = files[int(rng.integers(len(files)))]
+    data = bytearray(f.read_bytes())
+    how = str(rng.choice(["truncate", "flip", "zero", "delete"])) if data else "delete"
+    if how == "truncate":
+        f.write_bytes(data[: int(rng.integers(len(data)))])
+    elif how == "flip":
+        i = int(rng.integers(len(data)))
+        data[i] ^= 1 << int(rng.integers(8))
+        f.write_bytes(data)
+    elif how == "zero":
+        i = int(rng.integers(len(data)))
+        data[i : i + 64] = bytes(len(data[i : i + 64]))
+        f.write_bytes(data)
+    else:
+        f.unlink()
+    return f"{how} {f.name}"
+
+
+def test_a_damaged_newest_checkpoint_falls_back_or_fails_clearly(runner, reference, markov_data_dir, tmp_path):
+    """A copy of the finished reference run with its newest checkpoint damaged (truncated, a flipped bit, zeroed
+    bytes, a file gone) resumes from the one before and ends bit-identical; with both damaged, a clear error
+    names both and leaves metrics.jsonl as it was (or, where the damage spared what a load reads, the resume is
+    bit-identical)."""
+    def trial(i, both):
+        rng = np.random.default_rng([SEED, 2, i])
+        out = tmp_path / f"damaged{i}"
+        shutil.copytree(reference.out, out)
+        done = [damage(out / "checkpoints" / name, rng) for name in reference.checkpoints[-2 if both else -1:]]
+        before = (out / "metrics.jsonl").read_text()
+        res = runner.run(markov_data_dir, out, "resume=true", tag="resume")
+        if both and res.rc != 0:
+            check_clear_error(res, "no checkpoint under", *reference.checkpoints)
+            assert (out / "metrics.jsonl").read_text() == before, "a failed resume changed metrics.jsonl"
+            return
+        assert res.rc == 0, f"resume after {done} failed (rc {res.rc}): {res.stderr[-2000:]}"
+        check_identical(out, reference)
+
+    run_trials({f"damaged {i} ({'both' if i >= 8 else 'newest'})": (lambda i=i: trial(i, i >= 8)) for i in range(10)})
+
+
+def test_a_full_disk_during_a_checkpoint_fails_clearly_and_resumes(runner, reference, markov_data_dir, tmp_path):
+    """The disk fills up at a seeded event of a checkpoint write (or of a metrics row, cut short): the run stops
+    with one clear error and leaves no partial checkpoint; once there is space again, the resume is bit-identical
+    (the cut row dropped)."""
+    rng = np.random.default_rng([SEED, 3])
+    in_ckpt = pick_events(reference.events, rng, 5, lambda kind, path: path.startswith("checkpoints")
+                          and kind in ("open", "write", "mkdir"))
+    in_rows = pick_events(reference.events, rng, 2, lambda kind, path: path == "metrics.jsonl" and kind == "write")
+
+    def trial(i, at):
+        out = tmp_path / f"full{i}"
+        res = runner.run(markov_data_dir, out, fault={"kind": "enospc", "at": at, "cut": 0.5}, tag="full")
+        where = "could not write checkpoint" if i < len(in_ckpt) else "could not append to"
+        check_clear_error(res, where, "No space left on device")
+        check_prefix(out, reference, f"a full disk at event {at}")
+        leftovers = [p.name for p in (out / "checkpoints").iterdir() if "." in p.name] if (
+            out / "checkpoints").exists() else []
+        assert not leftovers, f"a partial checkpoint was left: {leftovers}"
+        resume_and_check(runner, markov_data_dir, out, reference)
+
+    run_trials({f"full {i} at event {at} {reference.events[at - 1]}": (lambda i=i, at=at: trial(i, at))
+                for i, at in enumerate(in_ckpt + in_rows)})
+
+
+def test_sigterm_during_evaluation_or_training_stops_and_resumes(runner, reference, markov_data_dir, tmp_path):
+    """SIGTERM before each forward pass of the final evaluation (2 held-out batches, 1 per-token batch) and
+    before 3 seeded training forward passes: the run checkpoints (or has checkpointed), exits with 75, and the
+    resume is bit-identical."""
+    rng = np.random.default_rng([SEED, 4])
+    points = [("eval", n) for n in (1, 2, 3)] + [("train", int(n)) for n in rng.choice(24, 3, replace=False) + 1]
+
+    def trial(i, where, at):
+        out = tmp_path / f"term{i}"
+        res = runner.run(markov_data_dir, out, fault={"kind": "sigterm", "where": where, "at": at}, tag="term")
+        assert res.rc == 75, f"rc {res.rc}: {res.stderr[-1500:]}"
+        said = "during the final evaluation" if where == "eval" else "; resume=true continues"
+        assert "stopping on signal 15" in res.stdout and said in res.stdout, res.stdout[-1000:]
+        check_prefix(out, reference, f"SIGTERM at {where} forward {at}")
+        resume_and_check(runner, markov_data_dir, out, reference, same_checkpoints=where == "eval")
+
+    run_trials({f"SIGTERM {where} forward {at}": (lambda i=i, where=where, at=at: trial(i, where, at))
+                for i, (where, at) in enumerate(points)})
