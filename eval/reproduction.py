@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 LABELS = {"fox_pro": "FoX (Pro)", "transformer_pro": "Transformer (Pro)", "fox_llama": "FoX (LLaMA)",
-          "transformer_llama": "Transformer (LLaMA)"}
+          "transformer_llama": "Transformer (LLaMA)", "transformer_llama_no_rope": "Transformer (LLaMA) w/o RoPE"}
 FAMILY = {"fox": "fox_pro", "transformer": "transformer_pro"}
 BANDS = ((1, 512), (513, 4096), (4097, 8192), (8193, 16384))  # positions i (1-based, inclusive) of L(i)
 ABLATIONS = ("fox_pro", "fox_pro_no_kv_shift", "fox_pro_no_output_gate", "fox_pro_no_output_norm",
