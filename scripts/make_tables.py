@@ -143,4 +143,6 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from eval.cli import run_cli
+
+    run_cli(main)

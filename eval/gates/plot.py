@@ -130,4 +130,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from eval.cli import run_cli
+
+    run_cli(main)

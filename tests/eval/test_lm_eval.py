@@ -208,3 +208,95 @@ def test_cli_runs_local_tasks_on_the_cpu(tiny_text_run, include_dir, tmp_path):
                          text=True, timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "fox_test_mc" in res.stdout and "running on cpu" in res.stdout
+
+
+@pytest.fixture(scope="module")
+def offline_dir(tmp_path_factory):
+    """Local copies of lm-eval's piqa and sciq tasks (standard names, local files), ``__FIXTURES__`` filled in."""
+    src = (FIXTURES / "offline").resolve()
+    d = tmp_path_factory.mktemp("lm_eval_offline")
+    for y in src.glob("*.yaml"):
+        (d / y.name).write_text(y.read_text().replace("__FIXTURES__", str(src)))
+    return d
+
+
+def reference_acc(lm, task: str, n: int) -> float:
+    """Accuracy on the first ``n`` documents of the local piqa/sciq file, from ``reference_loglik`` and the
+    tasks' prompts written out here (context, " " + choice)."""
+    name = {"piqa": "piqa_validation.jsonl", "sciq": "sciq_test.jsonl"}[task]
+    docs = [json.loads(line) for line in (FIXTURES / "offline" / name).read_text().splitlines()][:n]
+    right = 0
+    for d in docs:
+        if task == "piqa":
+            ctx, choices, target = f"Question: {d['goal']}\nAnswer:", [d["sol1"], d["sol2"]], d["label"]
+        else:
+            ctx = f"{d['support'].lstrip()}\nQuestion: {d['question']}\nAnswer:"
+            choices, target = [d["distractor1"], d["distractor2"], d["distractor3"], d["correct_answer"]], 3
+        scores = [reference_loglik(lm, ctx, " " + c) for c in choices]
+        right += max(range(len(choices)), key=scores.__getitem__) == target
+    return right / len(docs)
+
+
+def test_local_task_files_keep_standard_names_limits_per_task_and_one_row_per_model(
+        tiny_text_run, fox_lm, offline_dir, tmp_path, capsys):
+    """The documented offline recipe: task YAMLs named piqa/sciq that read local files replace lm-eval's own; a
+    per-task --limit; invocations into one --out add to one file, files of several --out make one table row, and
+    the table's note names the limited tasks and the local files."""
+    from eval.lm_eval_harness import run, table
+
+    common = [str(tiny_text_run), "--include-path", str(offline_dir), "--device", "cpu", "--max-length", "512"]
+    run.main(common + ["--out", str(tmp_path / "a"), "--tasks", "piqa", "--limit", "piqa=3"])
+    run.main(common + ["--out", str(tmp_path / "b"), "--tasks", "piqa,sciq", "--limit", "2,piqa=3"])
+    a, b = tmp_path / "a" / "run.json", tmp_path / "b" / "run.json"
+    rec = json.loads(b.read_text())
+    assert rec["n-samples"]["piqa"] == {"original": 5, "effective": 3}
+    assert rec["n-samples"]["sciq"] == {"original": 4, "effective": 2} and rec["limit"] == {"piqa": 3, "sciq": 2}
+    assert rec["local_tasks"]["piqa"].endswith("piqa_validation.jsonl")
+    assert rec["local_tasks"]["sciq"].endswith("sciq_test.jsonl")
+    assert rec["results"]["piqa"]["acc,none"] == pytest.approx(reference_acc(fox_lm, "piqa", 3))
+    assert rec["results"]["sciq"]["acc,none"] == pytest.approx(reference_acc(fox_lm, "sciq", 2))
+    assert json.loads(a.read_text())["results"]["piqa"] == rec["results"]["piqa"]
+
+    md = table.render([a, b])  # two files of one checkpoint: one row
+    row = [line for line in md.splitlines() if line.startswith("| fox_pro")]
+    assert len(row) == 1
+    cells = [c.strip().strip("*").removeprefix("<u>").removesuffix("</u>") for c in row[0].split("|")[2:-1]]
+    assert cells[3] == f"{100 * rec['results']['piqa']['acc,none']:.1f}" and cells[4] == "-"  # PIQA, Hella
+    assert cells[10] == f"{100 * rec['results']['sciq']['acc,none']:.1f}"  # SciQA
+    note = md.split("Note. ")[1]
+    assert "limited to part of the documents: PIQA 3 of 5, SciQA 2 of 4" in note
+    assert "local task files: PIQA (json: " in note and "piqa_validation.jsonl" in note and "SciQA (json: " in note
+
+    run.main(common + ["--out", str(tmp_path / "a"), "--tasks", "sciq"])  # added to a's file, piqa kept
+    assert "kept the earlier results of piqa" in capsys.readouterr().out
+    rec = json.loads(a.read_text())
+    assert rec["tasks"] == ["piqa", "sciq"] and rec["limit"] == {"piqa": 3, "sciq": None}
+    assert rec["n-samples"]["sciq"] == {"original": 4, "effective": 4}
+    assert rec["results"]["sciq"]["acc,none"] == pytest.approx(reference_acc(fox_lm, "sciq", 4))
+    note = table.render([a]).split("Note. ")[1]
+    assert "PIQA 3 of 5" in note and "SciQA" not in note.split("local task files")[0]
+
+    other = dict(rec, results=dict(rec["results"], piqa={"acc,none": 0.123}))
+    (tmp_path / "c.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match=r"both hold piqa for model fox_pro .*keep one"):
+        table.render([a, tmp_path / "c.json"])
+
+
+def test_limit_parsing_names_the_bad_part(capsys):
+    from eval.cli import run_cli
+    from eval.lm_eval_harness.run import main, parse_limit
+
+    tasks = ["piqa", "sciq", "boolq"]
+    assert parse_limit(None, tasks) == dict.fromkeys(tasks)
+    assert parse_limit("100", tasks) == dict.fromkeys(tasks, 100)
+    assert parse_limit("0.5,piqa=20", tasks) == {"piqa": 20, "sciq": 0.5, "boolq": 0.5}
+    assert parse_limit("sciq=7", tasks) == {"piqa": None, "sciq": 7, "boolq": None}
+    for bad, msg in (("hellaswag=5", "'hellaswag' is not among --tasks"), ("piqa=x", "expected a number"),
+                     ("2.5", "a whole number"), ("0", "a whole number")):
+        with pytest.raises(ValueError, match=msg):
+            parse_limit(bad, tasks)
+    with pytest.raises(SystemExit) as exit_:  # on the command line: the message alone
+        run_cli(main, ["some/run", "--out", "x", "--tasks", "piqa", "--limit", "boolq=3"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: --limit boolq=3: 'boolq' is not among --tasks (piqa)")
+    assert "Traceback" not in err
