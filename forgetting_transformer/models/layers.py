@@ -156,13 +156,17 @@ class Attention(nn.Module):
         """x (B, T, d_model) → (B, T, d_model). The keyword arguments are for inference (all None in training):
 
         - ``cache``: this layer's ``LayerCache``; x holds the tokens after the cached ones (queries attend to the
-          cached keys plus their own), and the cache is extended with them.
+          cached keys plus their own), and the cache is extended with them. A cache with an ``attend(q, k, v,
+          log_fgate)`` method computes the attention itself (``forgetting_transformer.inference``).
         - ``seq_start`` (B,): index, counted over cached + new tokens, of each row's first real token (left
           padding before it is masked as keys; pad queries give 0).
         - ``positions`` (T,) or (B, T): RoPE positions of the new tokens (default ``0 .. T-1``).
         """
         q, k, v, log_fgate = self.project(x, cache=cache, seq_start=seq_start, positions=positions)
-        if self.fgate is not None:
+        attend = getattr(cache, "attend", None)
+        if attend is not None:  # a cache with its own attention over the cached keys (inference/: paged blocks)
+            o = attend(q, k, v, log_fgate)  # (B, T, H, D)
+        elif self.fgate is not None:
             acp = self.acp
             if acp and self.q_norm is not None:
                 acp = dict(acp, qk_norm_weights=(self.q_norm.weight, self.k_norm.weight))
