@@ -152,9 +152,6 @@ def build(cfg, dist, out: Path) -> Setup:
     if train_cfg.batch_size % (mb * dist.world_size):
         raise ValueError(f"train.batch_size={train_cfg.batch_size} must be a multiple of train.micro_batch_size={mb} "
                          f"x {dist.world_size} ranks")
-    if cfg.data.skip_zero_rows and dist.world_size > 1:  # each rank's skipping position would need its own state
-        raise ValueError(f"data.skip_zero_rows=true runs on one process only (this run has {dist.world_size} "
-                         "ranks); clean the data instead (scripts/check_corpus.py lists the rows)")
     data_kw = dict(vocab_size=cfg.data.vocab_size, bos_id=cfg.data.bos_id)
     train_data = LongCrawl64Dataset(data_dir / "train.zarr", cfg.data.seq_len, mb, rank=dist.rank,
                                     world_size=dist.world_size, shuffle=cfg.data.shuffle, seed=cfg.seed,

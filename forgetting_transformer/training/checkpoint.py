@@ -67,12 +67,24 @@ class TrainState(Stateful):
 
     def state_dict(self) -> dict:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd, "data": self.data.state_dict(), "step": self.step,
+        return {"model": model_sd, "optim": optim_sd, "data": self._data_state(), "step": self.step,
                 "tokens": self.tokens, "rng": _rng_state()}
+
+    def _data_state(self) -> dict:
+        """The data position. Where the ranks' positions differ (a reader that skips all-zero rows, each rank
+        in its own stream) every rank's is gathered and saved, since DCP keeps one copy of a non-tensor entry;
+        otherwise rank 0's alone, which every rank shares."""
+        sd = self.data.state_dict()
+        if not (dist.is_initialized() and dist.get_world_size() > 1 and getattr(self.data, "skip_zero_rows", False)):
+            return sd
+        per_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, sd)
+        return {"per_rank": per_rank}
 
     def load_state_dict(self, sd: dict) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-        self.data.load_state_dict(sd["data"])
+        data = sd["data"]
+        self.data.load_state_dict(data["per_rank"][dist.get_rank()] if "per_rank" in data else data)
         self.step, self.tokens = sd["step"], sd["tokens"]
         _set_rng_state(sd["rng"])
 

@@ -3,6 +3,7 @@ group, as when a node dies) and resumed logs the same losses as the uninterrupte
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,3 +114,34 @@ def test_single_strategy_refuses_several_ranks(data_dir, tmp_path):  # noqa: F81
     res = subprocess.run(torchrun(data_dir, tmp_path / "x", "train.max_steps=1"), cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode != 0 and "strategy.name=single trains in one process" in res.stdout + res.stderr
+
+
+def test_two_ranks_skip_zero_rows_each_resume_their_own_position(tmp_path):
+    """data.skip_zero_rows=true on 2 ranks: each rank skips the zero rows of its own stream, so their read
+    positions differ; a resume from the step-3 checkpoint restores every rank's own position and logs the
+    uninterrupted run's losses exactly."""
+    from test_run_safety import zero_row_data
+
+    data = zero_row_data(tmp_path)  # train rows 2..9 of 16 are all zeros
+    extra = ("strategy=ddp", "data.seq_len=32", "train.max_steps=6", "train.checkpoint_every=3",
+             "train.micro_batch_size=4", "data.skip_zero_rows=true", "eval.heldout_batches=1",
+             "eval.per_token_loss=false")
+    full = tmp_path / "full"
+    res = subprocess.run(torchrun(data, full, *extra), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    saved = _load_state_dict_from_keys(checkpoint_id=str(full / "checkpoints" / "step_00000003"))["app"]["data"]
+    positions = [(d["rank"], d["position_in_epoch"], d["zero_sequences_skipped"]) for d in saved["per_rank"]]
+    assert [p[0] for p in positions] == [0, 1] and positions[0][1:] != positions[1][1:]  # the ranks drifted apart
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_00000006")
+    res = subprocess.run(torchrun(data, resumed, *extra, "resume=true"), cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "(step 3," in res.stdout
+    assert [(r["step"], r.get("loss"), r.get("grad_norm"), r.get("heldout_loss")) for r in rows(resumed)] == \
+        [(r["step"], r.get("loss"), r.get("grad_norm"), r.get("heldout_loss")) for r in rows(full)]
