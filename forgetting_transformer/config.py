@@ -35,6 +35,7 @@ class ModelConfig:
     kv_shift: bool = False
     acp: bool = False  # Adaptive Computation Pruning in the forget-gate attention ("auto" threshold)
     acp_eps: float = 4.5399929762484854e-05  # e^-10: ACP's bound on the attention weight pruned from any row
+    acp_eviction: bool = False  # generation: drop cached keys decayed below ACP's threshold (docs/generation.md)
     norm_eps: float = 1e-6
     init_std: float = 0.02
     loss_chunk: int = 4096  # tokens per chunk of the LM head + cross-entropy (bounds fp32 logits memory)
@@ -202,7 +203,7 @@ def _validate_fla(m, n_heads: int) -> None:
                  f"GQA is not implemented for {m.arch}; leave it null")
     # The decoder's attention switches would be silently ignored: reject them.
     _require(m.fgate == "none", "model.fgate", m.fgate, f"{m.arch} has no forget-gate attention; set none")
-    for key in ("qk_norm", "output_gate", "output_norm", "kv_shift", "acp"):
+    for key in ("qk_norm", "output_gate", "output_norm", "kv_shift", "acp", "acp_eviction"):
         _require(not m[key], f"model.{key}", m[key], f"not implemented for {m.arch} (a decoder switch)")
     if m.arch not in ("fla_swa", "fla_samba"):
         _require(not m.rope, "model.rope", m.rope, f"{m.arch} has no attention layers to rotate")
@@ -241,6 +242,9 @@ def validate(cfg) -> None:
     _require(m.rope_base > 0, "model.rope_base", m.rope_base, "must be > 0")
     _require(not m.acp or m.fgate != "none", "model.acp", m.acp, "prunes by forget-gate decay: needs model.fgate")
     _require(0 < m.acp_eps < 1, "model.acp_eps", m.acp_eps, "must be in (0, 1)")
+    _require(not m.acp_eviction or (m.fgate != "none" and m.qk_norm), "model.acp_eviction", m.acp_eviction,
+             "evicts by forget-gate decay with a threshold from the QK-norm weights: needs model.fgate and "
+             "model.qk_norm")
     _require(not m.rope or m.head_dim % 2 == 0, "model.head_dim", m.head_dim, "must be even with model.rope")
     if m.arch.startswith("fla_"):
         _validate_fla(m, n_heads)

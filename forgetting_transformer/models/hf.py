@@ -16,9 +16,12 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..config import ModelConfig
+from ..inference.generate import generate as static_generate
+from ..inference.prompts import seq_start_from_mask
 from .decoder import DecoderLM
 from .layers import ForgetGate, LayerCache, RMSNorm, decay_bias_init
 
@@ -31,6 +34,13 @@ _REQUIRED_DEFAULTS = dict(name="fox_llama", arch="decoder", vocab_size=4096, n_l
 # name the installed version passes on
 _CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
                 else "past_key_values")
+# generate() arguments of the static-cache path only (forgetting_transformer.inference.generate)
+_STATIC_ARGS = ("acp_eps", "eviction_threshold", "block_size", "cuda_graph")
+# GenerationConfig fields the static-cache path follows; every other field must keep its neutral default there
+_STATIC_FIELDS = {"max_length", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "eos_token_id",
+                  "pad_token_id", "bos_token_id", "use_cache", "cache_implementation", "max_cache_len",
+                  "return_dict_in_generate", "output_logits", "prefill_chunk_size", "compile_config",
+                  "disable_compile", "transformers_version"}
 
 
 class FoXConfig(PretrainedConfig):
@@ -191,39 +201,6 @@ class FoXCache(Cache):
             self.seq_start = self.seq_start[indices]
 
 
-def seq_start_from_mask(attention_mask: torch.Tensor, allow_right_padding: bool = False) -> torch.Tensor | None:
-    """(B, T) 0/1 mask → (B,) index of each row's first real token (T for an all-pad row), or None when no row
-    starts with padding.
-
-    Every row must be 0…0 1…1 (left padding) or, with ``allow_right_padding``, 0…0 1…1 0…0: trailing pads cannot
-    affect earlier tokens of a causal model, so a forward pass without a cache needs no masking for them. A cache
-    (and so ``generate()``) would put pads before later tokens, so it needs left padding. Padding between real
-    tokens raises.
-    """
-    if attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must be (batch, seq_len) 0/1; got shape {tuple(attention_mask.shape)}")
-    mask = attention_mask.to(torch.int64)
-    if bool(((mask != 0) & (mask != 1)).any()):
-        raise ValueError(f"attention_mask must hold only 0 and 1; got values {mask.unique().tolist()}")
-    T = mask.shape[1]
-    ones = mask.sum(dim=1)  # (B,)
-    first = mask.argmax(dim=1)  # first real token (argmax returns the first maximum)
-    last = T - 1 - mask.flip(1).argmax(dim=1)  # last real token
-    inner = (ones > 0) & (last - first + 1 != ones)
-    right = (ones > 0) & (last < T - 1)
-    bad = inner if allow_right_padding else inner | right
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0])
-        where = "between real tokens" if bool(inner[row]) else "at the end (right padding)"
-        allowed = "0…0 1…1 0…0 without a cache" if allow_right_padding else "0…0 1…1"
-        raise ValueError(f"attention_mask row {row} has padding {where} (its {int(ones[row])} real tokens lie "
-                         f"between positions {int(first[row])} and {int(last[row])} of {T}): FoXForCausalLM needs "
-                         f"each row {allowed}; cached decoding and generate() need left padding (set "
-                         f"tokenizer.padding_side = 'left')")
-    start = torch.where(ones > 0, first, T)
-    return start if bool((start > 0).any()) else None
-
-
 class FoXForCausalLM(PreTrainedModel, GenerationMixin):
     """``DecoderLM`` (FoX or Transformer, any config) as a ``transformers`` causal LM with ``generate()``.
 
@@ -259,8 +236,52 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
             return
         if generation_config.cache_implementation not in (None, "dynamic"):
             raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
-                             f"FoXForCausalLM decodes with its own FoXCache")
+                             f"FoXForCausalLM decodes with its own FoXCache (None or 'dynamic') or its paged "
+                             f"static cache ('static')")
         model_kwargs[_CACHE_KWARG] = FoXCache(self.config.n_layers)
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """transformers' ``generate()`` (``FoXCache``: every feature, eager), or the static path of
+        ``forgetting_transformer.inference.generate`` (paged static cache, decode kernel, one CUDA graph per
+        step; greedy or sampling with temperature / top-k / top-p, eos, left-padded batches) when
+        ``cache_implementation="static"``, ``acp_eviction=True`` or ``config.acp_eviction`` is set. The static
+        path also takes ``acp_eps``, ``eviction_threshold``, ``block_size`` and ``cuda_graph``; a setting it does
+        not implement (beams, penalties, logits processors, ...) raises naming it. ``acp_eviction=False`` turns
+        the config's eviction off for one call. See docs/generation.md."""
+        acp_eviction = kwargs.pop("acp_eviction", None)
+        static_args = {k: kwargs.pop(k) for k in _STATIC_ARGS if k in kwargs}
+        eviction = self.config.acp_eviction if acp_eviction is None else bool(acp_eviction)
+        base = generation_config if generation_config is not None else self.generation_config
+        if kwargs.get("cache_implementation", base.cache_implementation) != "static" and not eviction:
+            if static_args:
+                raise ValueError(f"{sorted(static_args)}: arguments of the static-cache path; pass "
+                                 f"cache_implementation='static' (or acp_eviction=True) with them")
+            return super().generate(inputs, generation_config, **kwargs)
+        return self._generate_static(inputs, generation_config, eviction, static_args, kwargs)
+
+    def _generate_static(self, inputs, generation_config, eviction, static_args, kwargs):
+        gc, model_kwargs = self._prepare_generation_config(generation_config, **kwargs)
+        input_ids = inputs if inputs is not None else model_kwargs.pop("input_ids", None)
+        attention_mask = model_kwargs.pop("attention_mask", None)
+        if input_ids is None or model_kwargs:
+            raise ValueError(f"generate() with the static cache takes input_ids and attention_mask; got "
+                             f"{sorted(model_kwargs) or 'no input_ids'} (inputs_embeds, processors and the like "
+                             f"need the default cache)")
+        defaults = gc._get_default_generation_params()
+        for key, value in gc.to_dict().items():
+            if key not in _STATIC_FIELDS and not key.startswith("_") and value not in (None, False, defaults.get(key)):
+                raise ValueError(f"generate() with the static cache does not implement {key}={value!r}; use the "
+                                 f"default cache (no cache_implementation, acp_eviction=False) for it")
+        max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - input_ids.shape[1]
+        out = static_generate(self, input_ids, attention_mask, max_new_tokens=max_new, do_sample=gc.do_sample,
+                              temperature=gc.temperature, top_k=gc.top_k, top_p=gc.top_p,
+                              eos_token_id=gc.eos_token_id, pad_token_id=gc.pad_token_id, acp_eviction=eviction,
+                              prefill_chunk=gc.prefill_chunk_size, output_logits=bool(gc.output_logits),
+                              **static_args)
+        if not gc.return_dict_in_generate:
+            return out.sequences
+        logits = None if out.logits is None else tuple(out.logits.unbind(1))
+        return GenerateDecoderOnlyOutput(sequences=out.sequences, logits=logits)
 
     def _init_weights(self, module):
         # DecoderLM.reset_parameters, module by module: transformers runs this on what a checkpoint did not fill
