@@ -18,7 +18,8 @@ Faults (``fault`` of a request):
 
 Protocol: ``python tests/training/faults.py`` reads one JSON request per stdin line (``argv`` for train.py,
 ``out`` the output dir, ``stdout``/``stderr`` files, ``fault`` or null, ``events`` a file to record the event
-list into, or null) and answers one JSON line per request: ``{"rc": exit code, or -signal}``.
+list into, or null) and answers two JSON lines per request: ``{"pid": the run's process}`` when it starts,
+``{"rc": exit code, or -signal}`` when it ends.
 """
 
 from __future__ import annotations
@@ -208,6 +209,8 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             child(req)
+        sys.stdout.write(json.dumps({"pid": pid}) + "\n")  # lets the test kill a run that hangs
+        sys.stdout.flush()
         _, status = os.waitpid(pid, 0)
         rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         sys.stdout.write(json.dumps({"rc": rc}) + "\n")

@@ -14,8 +14,10 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,7 @@ SEED = int(os.environ.get("FOX_FAULT_SEED", "0"))
 KILL_TRIALS = int(os.environ.get("FOX_FAULT_KILLS", "24"))
 EXTRA = ("eval.per_token_rows=2", "train.keep_checkpoints=2")  # 12 steps, checkpoints at 4, 8, 12
 ROW_KEYS = ("step", "loss", "grad_norm", "lr", "tokens", "heldout_loss")  # not the timing fields
-SIGNAL_NAMES = {-9: "SIGKILL", -15: "SIGTERM"}
+RUN_TIMEOUT_S = 300
 
 
 @dataclass
@@ -51,22 +53,32 @@ class Runner:
                       for _ in range(n)]
         self.free = queue.Queue()
         for p in self.procs:
-            self.free.put(p)
+            answers = queue.Queue()  # its answer lines, read by a thread so that waiting can time out
+            threading.Thread(target=lambda p=p, a=answers: [a.put(json.loads(line)) for line in p.stdout],
+                             daemon=True).start()
+            self.free.put((p, answers))
 
     def run(self, data_dir, out: Path, *extra, fault=None, events=None, tag="run") -> Result:
         out = Path(out)
         logs = out.parent / f"{out.name}.{tag}"
         req = {"argv": command(data_dir, out, *EXTRA, *extra)[2:], "out": str(out), "fault": fault,
                "stdout": f"{logs}.out", "stderr": f"{logs}.err", "events": str(events) if events else None}
-        proc = self.free.get()
+        proc, answers = self.free.get()
+        hung = False
         try:
             proc.stdin.write(json.dumps(req) + "\n")
             proc.stdin.flush()
-            answer = proc.stdout.readline()
+            pid = answers.get(timeout=60)["pid"]
+            try:
+                rc = answers.get(timeout=RUN_TIMEOUT_S)["rc"]
+            except queue.Empty:  # fail the trial, never stall CI
+                hung = True
+                os.kill(pid, signal.SIGKILL)
+                rc = answers.get(timeout=60)["rc"]
         finally:
-            self.free.put(proc)
-        assert answer, "the run's parent process died"
-        return Result(json.loads(answer)["rc"], Path(req["stdout"]).read_text(), Path(req["stderr"]).read_text())
+            self.free.put((proc, answers))
+        assert not hung, f"the run hung for {RUN_TIMEOUT_S} s; its stderr: {logs}.err"
+        return Result(rc, Path(req["stdout"]).read_text(), Path(req["stderr"]).read_text())
 
     def close(self):
         for p in self.procs:
@@ -126,6 +138,7 @@ def reference(runner, markov_data_dir, tmp_path_factory) -> Reference:
     events = out.parent / "events.json"
     res = runner.run(markov_data_dir, out, events=events)
     assert res.rc == 0, res.stderr[-3000:]
+    print(f"reference run: {len(json.loads(events.read_text()))} file-system events")
     rows, torn = metrics(out)
     assert [r[0] for r in rows] == [*range(1, 13), 12] and torn == ""
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
