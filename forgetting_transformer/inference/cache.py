@@ -44,8 +44,7 @@ class PagedKVCache:
     def __init__(self, *, n_layers: int, batch_size: int, max_len: int, n_heads: int, n_kv_heads: int,
                  head_dim: int, gated: bool, kv_shift: bool, dtype: torch.dtype, device, block_size: int = 64,
                  pool_blocks: int | None = None):
-        if not (isinstance(block_size, int) and block_size >= 16 and block_size & (block_size - 1) == 0):
-            raise ValueError(f"block_size must be a power of two >= 16; got {block_size!r}")
+        self.check_block_size(block_size)
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1; got {max_len}")
         self.n_layers, self.batch_size, self.max_len = n_layers, batch_size, max_len
@@ -89,6 +88,12 @@ class PagedKVCache:
         return cls(n_layers=len(model.blocks), batch_size=batch_size, max_len=max_len, n_heads=n_heads,
                    n_kv_heads=n_kv_heads, head_dim=head_dim, gated=model.cfg.fgate != "none",
                    kv_shift=model.cfg.kv_shift, **kwargs)
+
+    @staticmethod
+    def check_block_size(block_size) -> None:
+        # the decode kernel takes a block as one tile of keys
+        if not (isinstance(block_size, int) and block_size >= 16 and block_size & (block_size - 1) == 0):
+            raise ValueError(f"block_size must be a power of two >= 16; got {block_size!r}")
 
     @property
     def pool_blocks(self) -> int:

@@ -10,7 +10,8 @@ hands out cache blocks and, with ACP eviction, drops the keys the forget gates h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,11 +30,38 @@ class GenerationOutput:
     """``sequences`` (B, P + N): the prompts as passed (left-padded) and the new tokens, ``pad_token_id`` after a
     sequence's eos; N stops at the step where every sequence has ended. ``logits`` (B, N, V) float32 (with
     ``output_logits``): what each new token was chosen from. ``stats``: the cache's at the end
-    (``PagedKVCache.stats``) plus ``acp_eviction``."""
+    (``PagedKVCache.stats``) plus ``acp_eviction``. ``timings``: ``prefill_s``, and ``decode_s`` over
+    ``decode_steps`` steps from the first replay of a captured graph (or the second eager step) on: the steady
+    state, without compilation and capture."""
 
     sequences: torch.Tensor
     logits: torch.Tensor | None
     stats: dict
+    timings: dict = field(default_factory=dict)
+
+
+class Clock:
+    """Marks on the device's timeline (CUDA events: no wait while marking) or the host's; read at the end."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks = {}
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks[name] = event
+        else:
+            self.marks[name] = time.perf_counter()
+
+    def seconds(self, start: str, end: str) -> float:
+        if start not in self.marks or end not in self.marks:
+            return float("nan")
+        if self.cuda:
+            self.marks[end].synchronize()
+            return self.marks[start].elapsed_time(self.marks[end]) / 1e3
+        return self.marks[end] - self.marks[start]
 
 
 def decoder_of(model):
@@ -94,6 +122,21 @@ class Decoder:
         self.done = torch.zeros(B, dtype=torch.bool, device=dev)
         self.count = torch.zeros((), dtype=torch.int64, device=dev)  # tokens chosen so far
         self.emitted = 0  # the same, on the host
+        self.clock = Clock(dev)
+        self.timed_steps = 0
+
+    def generate(self, input_ids, seq_start, prefill_chunk: int | None, cuda_graph: bool) -> GenerationOutput:
+        """Prefill the prompts (B, P) (left padding before ``seq_start`` (B,)) into the empty cache, then decode
+        until every sequence has ended or the output is full."""
+        self.clock.mark("prefill")
+        logits = prefill(self.model, self.cache, input_ids, seq_start, prefill_chunk, self.deltas)
+        self.clock.mark("prefilled")
+        if self.deltas is not None:
+            self.cache.compact(headroom=2 * self.cache.n_layers * self.cache.batch_size * self.cache.n_kv_heads)
+        self.emit(logits)
+        self.emitted = 1
+        self.run(self.tokens.shape[1] - 1, cuda_graph)
+        return self.result(input_ids)
 
     def emit(self, logits: torch.Tensor) -> None:
         """Choose the next tokens from logits (B, V) and record them. Device tensors only."""
@@ -122,7 +165,10 @@ class Decoder:
     def run(self, steps: int, cuda_graph: bool) -> None:
         """Up to ``steps`` steps, fewer if every sequence has ended (looked at every ``STOP_CHECK_EVERY``)."""
         graph, version = None, None
+        timed_from = WARMUP_STEPS + 1 if cuda_graph else 1
         for s in range(steps):
+            if s == timed_from:
+                self.clock.mark("steady")
             if self.cache.length + 1 > self.cache.n_alloc * self.cache.block_size:
                 self.maintain()
             if cuda_graph and s >= WARMUP_STEPS:
@@ -136,8 +182,10 @@ class Decoder:
                 self.step()
             self.cache.advance(1, device=False)
             self.emitted += 1
+            self.timed_steps += s >= timed_from
             if self.eos is not None and (s + 1) % STOP_CHECK_EVERY == 0 and bool(self.done.all()):
                 break
+        self.clock.mark("end")
 
     def _side_stream_step(self) -> None:
         # Eager steps before a capture run on a side stream, as CUDA graph capture asks of its warm-up.
@@ -153,7 +201,7 @@ class Decoder:
             self.step()
         return graph
 
-    def result(self, input_ids: torch.Tensor, eviction: bool) -> GenerationOutput:
+    def result(self, input_ids: torch.Tensor) -> GenerationOutput:
         """The sequences (and logits) up to the step where every sequence had ended."""
         n = self.emitted
         tokens = self.tokens[:, :n]
@@ -162,8 +210,10 @@ class Decoder:
             if bool(ended.any()):
                 n = int(ended.nonzero()[0]) + 1
         logits = None if self.logits is None else self.logits[:, :n]
-        stats = dict(self.cache.stats(), acp_eviction=eviction)
-        return GenerationOutput(torch.cat([input_ids, self.tokens[:, :n]], dim=1), logits, stats)
+        stats = dict(self.cache.stats(), acp_eviction=self.deltas is not None)
+        timings = {"prefill_s": self.clock.seconds("prefill", "prefilled"), "decode_steps": self.timed_steps,
+                   "decode_s": self.clock.seconds("steady", "end")}
+        return GenerationOutput(torch.cat([input_ids, self.tokens[:, :n]], dim=1), logits, stats, timings)
 
 
 def _token_ids(value, name: str, vocab_size: int, device) -> torch.Tensor | None:
@@ -230,14 +280,8 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, do_s
                  else lm.embed.weight.dtype)
     pool = _first_pool(lm, B, P, block_size, prefill_chunk) if eviction else None  # None: never grows
     cache = PagedKVCache.for_model(lm, B, max_len, block_size=block_size, dtype=dtype, pool_blocks=pool)
-    logits = prefill(lm, cache, ids, seq_start, prefill_chunk, deltas)
-    if eviction:
-        cache.compact(headroom=2 * cache.n_layers * B * cache.n_kv_heads)
     dec = Decoder(lm, cache, sampler, eos, pad, max_new_tokens, output_logits, deltas)
-    dec.emit(logits)
-    dec.emitted = 1
-    dec.run(max_new_tokens - 1, cuda_graph)
-    return dec.result(ids, eviction)
+    return dec.generate(ids, seq_start, prefill_chunk, cuda_graph)
 
 
 def _first_pool(model, batch_size, prompt_len, block_size, chunk) -> int:
