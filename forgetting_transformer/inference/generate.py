@@ -10,6 +10,7 @@ hands out cache blocks and, with ACP eviction, drops the keys the forget gates h
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -197,7 +198,10 @@ class Decoder:
 
     def _capture(self):
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # autocast's cache of cast weights would be freed at the end of the caller's autocast block, under the graph
+        autocast = (torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+                    if torch.is_autocast_enabled("cuda") else contextlib.nullcontext())
+        with torch.cuda.graph(graph), autocast:
             self.step()
         return graph
 
