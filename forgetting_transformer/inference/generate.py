@@ -174,8 +174,8 @@ class Decoder:
                 self.maintain()
             if cuda_graph and s >= WARMUP_STEPS:
                 if graph is None or version != self.cache.version:  # the pools were reallocated
-                    graph, version = None, self.cache.version
-                    graph = self._capture()
+                    graph = None  # (its memory goes back before the new capture takes some)
+                    graph, version = self._capture(), self.cache.version
                 graph.replay()
             elif cuda_graph:
                 self._side_stream_step()

@@ -272,6 +272,8 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
             if key not in _STATIC_FIELDS and not key.startswith("_") and value not in (None, False, defaults.get(key)):
                 raise ValueError(f"generate() with the static cache does not implement {key}={value!r}; use the "
                                  f"default cache (no cache_implementation, acp_eviction=False) for it")
+        if attention_mask is None:
+            attention_mask = _mask_from_padding(input_ids, gc.pad_token_id, gc.eos_token_id)
         max_new = gc.max_new_tokens if gc.max_new_tokens is not None else gc.max_length - input_ids.shape[1]
         out = static_generate(self, input_ids, attention_mask, max_new_tokens=max_new, do_sample=gc.do_sample,
                               temperature=gc.temperature, top_k=gc.top_k, top_p=gc.top_p,
@@ -405,6 +407,14 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
             return FoXCache(self.config.n_layers)
         raise TypeError(f"past_key_values must be a FoXCache (returned by FoXForCausalLM); got "
                         f"{type(past_key_values).__name__}")
+
+
+def _mask_from_padding(input_ids, pad_token_id, eos_token_id) -> torch.Tensor | None:
+    """transformers' rule for a missing attention_mask: pad tokens in the prompt are padding, unless pad is eos."""
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    if pad_token_id is None or pad_token_id in eos or not bool((input_ids == pad_token_id).any()):
+        return None
+    return (input_ids != pad_token_id).long()
 
 
 def _same_start(cached: torch.Tensor | None, new: torch.Tensor | None, new_absent: bool) -> bool:

@@ -292,3 +292,58 @@ def test_assisted_generate_equals_greedy_generate(name, monkeypatch):
     assert torch.equal(assisted, plain)
     assert min(crops) < -1  # several drafted tokens were rejected and cropped
     assert len(chunks) < 30  # and some were accepted: fewer forwards of the model than new tokens
+
+
+def test_static_cache_generate_equals_the_default_cache():
+    """cache_implementation='static' (forgetting_transformer.inference): the tokens and logits of the FoXCache path,
+    a left-padded batch with an eos that ends one row early."""
+    model = tiny(VARIANTS["fox_pro_fixed_gqa"])
+    ids = torch.randint(1, 97, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=20, do_sample=False, pad_token_id=0, output_logits=True,
+              return_dict_in_generate=True)
+    free = model.generate(ids, **kw)
+    eos = int(free.sequences[1, 12])
+    dynamic = model.generate(ids, eos_token_id=eos, **kw)
+    static = model.generate(ids, eos_token_id=eos, cache_implementation="static", **kw)
+    assert torch.equal(static.sequences, dynamic.sequences)
+    torch.testing.assert_close(torch.stack(static.logits, 1), torch.stack(dynamic.logits, 1), rtol=1e-4, atol=1e-5)
+    plain = model.generate(ids, attention_mask=mask, max_new_tokens=20, cache_implementation="static")
+    assert torch.equal(plain, free.sequences)
+    ids[1, :6] = 0  # without a mask, pad tokens in the prompt are padding (transformers' rule)
+    kw = dict(max_new_tokens=20, pad_token_id=0)
+    assert torch.equal(model.generate(ids, cache_implementation="static", **kw), model.generate(ids, **kw))
+
+
+def test_acp_eviction_argument_and_config_flag_take_the_static_path(monkeypatch):
+    import forgetting_transformer.models.hf as hf
+
+    calls = []
+    static = hf.static_generate
+    monkeypatch.setattr(hf, "static_generate", lambda *a, **kw: calls.append(kw) or static(*a, **kw))
+    torch.manual_seed(0)
+    model = FoXForCausalLM(FoXConfig(vocab_size=97, n_layers=2, d_model=32, head_dim=8, init_std=0.1,
+                                     acp_eviction=True, **PRO)).eval()
+    ids = torch.randint(1, 97, (2, 6))
+    greedy = model.generate(ids, max_new_tokens=8, acp_eviction=False)  # the FoXCache path
+    assert not calls
+    assert torch.equal(model.generate(ids, max_new_tokens=8), greedy)  # config.acp_eviction
+    assert torch.equal(model.generate(ids, max_new_tokens=8, acp_eps=1e-3, block_size=16), greedy)
+    assert [c["acp_eviction"] for c in calls] == [True, True] and calls[1]["block_size"] == 16
+    model.config.acp_eviction = False
+    assert torch.equal(model.generate(ids, max_new_tokens=8, acp_eviction=True), greedy)
+    with pytest.raises(ValueError, match=r"\['block_size'\]: arguments of the static-cache path"):
+        model.generate(ids, max_new_tokens=8, block_size=16)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_beams=2), "does not implement num_beams=2"),
+    (dict(repetition_penalty=1.3), "does not implement repetition_penalty=1.3"),
+    (dict(output_scores=True), "does not implement output_scores=True"),
+    (dict(inputs_embeds=torch.zeros(1, 4, 32)), r"takes input_ids and attention_mask; got \['inputs_embeds'\]"),
+])
+def test_static_cache_generate_names_what_it_does_not_implement(kwargs, match):
+    model = tiny(PRO)
+    with pytest.raises(ValueError, match=match):
+        model.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=3, cache_implementation="static", **kwargs)
