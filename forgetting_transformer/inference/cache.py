@@ -189,7 +189,8 @@ class PagedKVCache:
         """Return to the free list every block wholly before the first visible key of all query heads of its
         row (left padding, evicted keys). No sync."""
         first = self.key_start.view(self.n_layers, self.batch_size, self.n_kv_heads, self.group).amin(-1)
-        target = first // self.block_size  # (L, B, Hkv) blocks wholly before it
+        # blocks wholly before it, of those allocated (a chunked prefill may not have reached the padding's end)
+        target = (first // self.block_size).clamp(max=self.n_alloc)  # (L, B, Hkv)
         i = torch.arange(self.max_blocks, device=self.device)
         mask = (i >= self.n_freed[..., None]) & (i < target[..., None])  # (L, B, Hkv, MB)
         flat = mask.flatten()

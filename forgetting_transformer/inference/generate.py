@@ -89,9 +89,9 @@ def prefill(model, cache: PagedKVCache, input_ids, seq_start, chunk: int | None 
         h = model.hidden_states(part, cache=cache.layers(decode=s > 0), seq_start=padded)
         cache.advance(part.shape[1])
         if deltas is not None:
-            evict(cache, deltas)
-        elif s == 0 and padded is not None:
-            cache.release()  # the blocks of the left padding
+            evict(cache, deltas)  # (releases the blocks of evicted keys and of the left padding)
+    if padded is not None:
+        cache.release()  # the blocks of the left padding
     return model.lm_head(h[:, -1])
 
 

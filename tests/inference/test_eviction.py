@@ -170,3 +170,19 @@ def test_eviction_of_slow_heads_drops_nothing_and_the_pools_grow_as_needed(promp
     assert torch.equal(kept.stats["kept"], kept.stats["tokens"][None, :, None].expand(2, 3, 4))
     # the pools started at the prefill's blocks and grew to every block the sequences use
     assert kept.stats["blocks_in_use"] == full.stats["blocks_in_use"] <= kept.stats["pool_blocks"]
+
+
+@pytest.mark.parametrize("chunk", [16, 7])
+def test_chunked_prefill_with_long_padding_and_eviction_equals_the_full_cache(chunk):
+    # row 1's 37 pads fill two blocks that the first chunks reach before its first real token
+    model = tiny(LOCAL)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 97, (n,), generator=g) for n in (70, 33)]
+    full = generate(model, prompts, max_new_tokens=30, block_size=16, output_logits=True)
+    for eviction in (False, True):
+        out = generate(model, prompts, max_new_tokens=30, block_size=16, output_logits=True, prefill_chunk=chunk,
+                       acp_eviction=eviction)
+        assert torch.equal(out.sequences, full.sequences)
+        torch.testing.assert_close(out.logits, full.logits, rtol=0, atol=1e-5)
+        # every block of padding only went back to the pools: row 1's blocks 0 and 1, in 2 layers x 2 kv heads
+        assert out.stats["blocks_in_use"] <= full.stats["blocks_in_use"] == 2 * 2 * (7 + 5)
