@@ -19,7 +19,7 @@ runs, and whether it follows the addresses or how long the GPU has been busy). b
 CUDA-graph time, and inside one graph replay the kernels' count, the sum of their times, their span and the gaps
 between them. host: host microseconds per eager call (backward on autograd's device thread and on the calling
 thread), then per host-side stage and kernel launch (``launchers.host_stages``). backward: ACP's fwd+bwd with
-the one-kernel backward against the dq and dk/dv kernels (``FOX_FUSED_BWD=0``), head dim 64. ncu: Nsight
+the one-kernel backward against the dq and dk/dv kernels (``fused_backward=False``), head dim 64. ncu: Nsight
 Compute's sampled warp states of one Gluon kernel by SASS region (``ncu.py``; ncu from PATH or ``$NCU``), or of
 an existing source-page export.
 """
@@ -209,28 +209,23 @@ def boundaries(shapes, replays=10):
 def backward(shapes, rounds):
     """ACP fwd+bwd from a CUDA graph, backward by the one kernel or by the dq and dk/dv kernels, alternating; ms and
     the speedup over the dense fwd+bwd (one kernel) of each round."""
-    saved = os.environ.get("FOX_FUSED_BWD")
-    try:
-        for r in range(rounds):
-            out = []
-            for s in shapes:
-                B, T, H, D = SHAPES[s]
-                if D != 64:
-                    raise SystemExit(f"backward: the one-kernel backward runs at head dim 64; shape {s} has {D}")
-                inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
-                t = {}
-                for flag in ("0", "1"):
-                    os.environ["FOX_FUSED_BWD"] = flag
-                    t[flag] = bench_graph(acp_op(w), inputs, True)
-                dense = bench_graph(dense_op(), make_inputs(B, T, H, D), True)
-                out.append(f"{s} dense {dense:.3f} ms, ACP two kernels {t['0']:.3f} ({dense / t['0']:.2f}x), "
-                           f"one kernel {t['1']:.3f} ({dense / t['1']:.2f}x)")
-            print(f"round {r + 1}: " + " | ".join(out), flush=True)
-    finally:
-        if saved is None:
-            os.environ.pop("FOX_FUSED_BWD", None)
-        else:
-            os.environ["FOX_FUSED_BWD"] = saved
+    from forgetting_transformer.ops import use_options
+
+    for r in range(rounds):
+        out = []
+        for s in shapes:
+            B, T, H, D = SHAPES[s]
+            if D != 64:
+                raise SystemExit(f"backward: the one-kernel backward runs at head dim 64; shape {s} has {D}")
+            inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
+            t = {}
+            for fused in (False, True):
+                with use_options(fused_backward=fused):
+                    t[fused] = bench_graph(acp_op(w), inputs, True)
+            dense = bench_graph(dense_op(), make_inputs(B, T, H, D), True)
+            out.append(f"{s} dense {dense:.3f} ms, ACP two kernels {t[False]:.3f} ({dense / t[False]:.2f}x), "
+                       f"one kernel {t[True]:.3f} ({dense / t[True]:.2f}x)")
+        print(f"round {r + 1}: " + " | ".join(out), flush=True)
 
 
 def host(n=10, reps=15):

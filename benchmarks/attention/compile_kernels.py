@@ -1,6 +1,7 @@
 """Compile the Forgetting Attention Triton kernels for a GPU architecture without a GPU (ahead of time).
 
     python -m benchmarks.attention.compile_kernels [--arch 90 80] [--quick] [--regs] [--sass DIR]
+    python -m benchmarks.attention.compile_kernels --smem [--arch 90 80] [--head-dims 16 32 64 128 256] [--jobs N]
 
 Each kernel is compiled through triton's full pipeline (TTIR, TTGIR, LLVM IR, PTX, ptxas) for the given compute
 capabilities, over the constexpr combinations that matter: dense / padding / ACP / documents, head dims 64, 80
@@ -13,9 +14,12 @@ checked is that of the multi-buffered kernel. ``--quick``: head dim 64 only (wha
 takes ~3 min on 2 cores). ``--regs``: also registers per thread and spill bytes (``ptxas -v``), the limit on how
 much a kernel can keep in flight (docs/kernel.md). ``--sass DIR``: also write each kernel's SASS
 (``cuobjdump``) to DIR and print its instruction count and the sizes of its innermost loops that issue wgmma
-(one per inlined copy of a tile loop: how much code each consumer warpgroup runs per tile). Must run with
-TRITON_INTERPRET unset (``tests/ops/test_kernel.py`` runs it in a subprocess). Exits 1 and names the failing kernel and constants
-when one does not compile or does not fit.
+(one per inlined copy of a tile loop: how much code each consumer warpgroup runs per tile). ``--smem``: instead,
+every tile config of the Triton kernels' tables at every padded head dim, the shared memory the op estimates
+(``launchers.shared_memory``, by which it prunes configs) against what the compiler reports. Must run with
+TRITON_INTERPRET unset (``tests/ops/test_compile.py`` runs it in subprocesses). Exits 1 and names the failing
+kernel and constants when one does not compile or does not fit (``--smem``: when the bound is below the compiler's
+figure, or no config of a kernel fits at a head dim).
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ NOT_ALIGNED = {"H", "HKV", "GROUP", "off"}
 ONES = {"slh", "sst", "set"}
 
 
-def compile_one(fn, consts, arch, num_warps, num_stages):
+def compile_one(fn, consts, arch, num_warps, num_stages, elem=BF16):
     """Compile ``fn`` as triton would launch it on contiguous tensors of a typical shape (T and H * D multiples
     of 16): 16-byte aligned pointers and 16-divisible integer arguments (``tt.divisibility``), which is what
     lets the pipeliner turn the K / V / Q / dO loads into multi-buffered asynchronous copies; without them the
@@ -82,7 +86,8 @@ def compile_one(fn, consts, arch, num_warps, num_stages):
 
     consts = {k: v for k, v in consts.items() if k in fn.arg_names}
     consts.update({k: 1 for k in ONES if k in fn.arg_names and k not in consts})
-    sig = {n: "constexpr" if n in consts else POINTERS.get(n, "fp32" if n in FLOATS else "i32")
+    pointers = {n: elem if t == BF16 else t for n, t in POINTERS.items()}  # (``elem``: q / k / v / o's type)
+    sig = {n: "constexpr" if n in consts else pointers.get(n, "fp32" if n in FLOATS else "i32")
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n] != "constexpr" and n not in NOT_ALIGNED and sig[n] != "fp32"}
@@ -226,15 +231,87 @@ def compile_gluon_fused(head_dim, block_m, keys, num_stages, consumers, has_acp,
                          arch, consumers)
 
 
+SMEM_HEAD_DIMS = (16, 32, 64, 128, 256)  # the Triton kernels' padded head dims (BLOCK_D)
+
+
+def smem_cases(archs, head_dims):
+    """(arch, kind, TileConfig, head dim, bytes per element): every config of the Triton kernels' tables (autotuned
+    and per head dim) at each head dim with 16-bit inputs, and each head dim's own config with fp32 inputs (which
+    run only where asked for: ``backend="triton"``), for each architecture."""
+    out = []
+    for arch in archs:
+        for kind in L.TRITON_KERNELS:
+            table = list(L.TRITON_AUTOTUNE_CONFIGS[kind]) + [c for _, c in L.TRITON_HEAD_DIM_CONFIGS[kind]]
+            for D in head_dims:
+                out += [(arch, kind, cfg, D, 2) for cfg in dict.fromkeys(table)]
+                out.append((arch, kind, next(c for d, c in L.TRITON_HEAD_DIM_CONFIGS[kind] if D <= d), D, 4))
+    return out
+
+
+def compiled_shared(arch, kind, cfg, head_dim, elem_bytes=2, group=1):
+    """The shared memory triton's compiler gives the Triton kernel ``kind`` with ``cfg`` at ``head_dim`` (bf16 or,
+    with ``elem_bytes=4``, fp32 inputs; every mask on: documents, padding and ACP, which the largest variant
+    holds). The dk/dv kernel's GROUP (query heads per kv head, unrolled) repeats its loop and not its buffers, so
+    GROUP = 1 stands for all."""
+    flags = (dict(HAS_START=True, HAS_END=True, HAS_HI=True, GROUP=group) if kind == "dkdv"
+             else dict(HAS_START=True, HAS_LO=True))
+    consts = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()), IEEE=elem_bytes == 4,
+                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags)
+    kernel = compile_one(L.jit_kernel(L.TRITON_KERNELS[kind]), consts, arch, cfg.num_warps, cfg.num_stages,
+                         elem=BF16 if elem_bytes == 2 else F32)
+    return kernel.metadata.shared
+
+
+def _compiled_shared_case(case):
+    return compiled_shared(*case)
+
+
+def check_smem(archs, head_dims, jobs):
+    """Compile every case of ``smem_cases`` (``jobs`` processes) and compare ``launchers.shared_memory``, the bound
+    the op prunes configs by, with the compiler's figure: one line per case, and a failure for an estimate below
+    it or for a kernel at a head dim with no config that fits. Returns the number of failures."""
+    import concurrent.futures
+
+    cases = smem_cases(archs, head_dims)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        shared = list(pool.map(_compiled_shared_case, cases))
+    failed = 0
+    fitting = {}
+    for (arch, kind, cfg, D, elem), true in zip(cases, shared):
+        limit = SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
+        est = L.shared_memory(kind, cfg, D, elem, arch)
+        if elem == 2:
+            fitting.setdefault((arch, kind, D), []).append(est <= limit)
+        verdict = "kept" if est <= limit else "pruned" + (f", fits by {limit - true}" if true <= limit else "")
+        bad = est < true
+        failed += bad
+        print(f"smem sm{arch} {kind} D={D} {'bf16' if elem == 2 else 'fp32'} {tuple(vars(cfg).values())} compiled "
+              f"{true} estimate {est} ({est - true:+d}) {verdict}{' UNDERESTIMATE' if bad else ''}", flush=True)
+    for (arch, kind, D), fits in fitting.items():
+        if not any(fits):
+            failed += 1
+            print(f"smem sm{arch} {kind} D={D}: NO CONFIG FITS", flush=True)
+    return failed
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, nargs="+", default=[90, 80])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--regs", action="store_true", help="also print registers and spill bytes (ptxas -v)")
     ap.add_argument("--sass", metavar="DIR", help="also write each kernel's SASS to DIR and print its loop sizes")
+    ap.add_argument("--smem", action="store_true",
+                    help="instead: every Triton tile config of the tables at every padded head dim, the shared "
+                         "memory the op estimates against the compiler's")
+    ap.add_argument("--head-dims", type=int, nargs="+", default=list(SMEM_HEAD_DIMS), help="(--smem)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="(--smem) compiling processes")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("compile_kernels: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
+    if args.smem:
+        if check_smem(args.arch, args.head_dims, args.jobs):
+            raise SystemExit(1)
+        return
 
     failed = 0
     for arch in args.arch:

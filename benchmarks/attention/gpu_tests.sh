@@ -4,8 +4,13 @@
 # Installs the fla wheels from .whl/ when present (for the fla peer in the benchmark; no network needed).
 # TRITON_TARBALL=path/triton.tar.xz (from slim_triton.sh) runs everything on that triton instead of the one the
 # machine's torch ships (e.g. 3.7.1, the pinned version, on a machine whose torch ships 3.6).
-# PYTEST_K (a pytest -k expression, e.g. PYTEST_K='fused or acp'), SKIP_TESTS=1 and SKIP_BENCH=1 split the pass
-# into several shorter ones; PYTEST_ARGS adds other pytest flags (split on spaces); BENCH_ARGS, the benchmark's.
+# The GPU tests run twice: as users get the op (the default options: Triton kernels autotuned over the configs that
+# fit the GPU's shared memory; the pass that counts), then with each head dim's fixed configs (FOX_AUTOTUNE=0).
+# Then the shared-memory bound by which configs are pruned, against this triton's compiler (compile_kernels --smem,
+# no GPU needed), and the benchmark. Exits 1 if any step failed.
+# PASSES (default "autotuned fixed"), PYTEST_K (a pytest -k expression, e.g. PYTEST_K='fused or acp'),
+# SKIP_TESTS=1, SKIP_SMEM=1 and SKIP_BENCH=1 split the run into several shorter ones; PYTEST_ARGS adds other pytest
+# flags (split on spaces, e.g. -x); BENCH_ARGS, the benchmark's.
 set -uo pipefail
 OUTDIR=${OUT:-outputs/gpu}
 mkdir -p "$OUTDIR"
@@ -27,10 +32,25 @@ if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
     .whl/fla_core-*.whl .whl/flash_linear_attention-*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$OUTDIR/gpu.txt"
+status=0
 if [ "${SKIP_TESTS:-0}" != "1" ]; then
-  FOX_AUTOTUNE=0 python3 -m pytest -m gpu tests/ops -q -s -x ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 \
-    | tee "$OUTDIR/gpu_tests.log"
+  for pass in ${PASSES:-autotuned fixed}; do
+    case $pass in
+      autotuned) autotune=1 ;;
+      fixed) autotune=0 ;;
+      *) echo "PASSES: unknown pass '$pass' (autotuned, fixed)" >&2; exit 2 ;;
+    esac
+    echo "== GPU tests, $pass configs (FOX_AUTOTUNE=$autotune)"
+    FOX_AUTOTUNE=$autotune python3 -m pytest -m gpu tests/ops -q -s ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 \
+      | tee "$OUTDIR/gpu_tests_$pass.log" || status=1
+  done
+fi
+if [ "${SKIP_SMEM:-0}" != "1" ]; then
+  python3 -m benchmarks.attention.compile_kernels --smem --arch 90 80 --head-dims 64 128 256 2>&1 \
+    | tee "$OUTDIR/smem.log" || status=1
 fi
 if [ "${SKIP_BENCH:-0}" != "1" ]; then
-  python3 -m benchmarks.attention.bench --out "$OUTDIR/benchmarks.md" ${BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench.log"
+  python3 -m benchmarks.attention.bench --out "$OUTDIR/benchmarks.md" ${BENCH_ARGS:-} 2>&1 | tee "$OUTDIR/bench.log" \
+    || status=1
 fi
+exit $status

@@ -5,7 +5,7 @@
     python -m benchmarks.attention.sweep fused [--rounds 3]                      (Gluon, Hopper, head dim 64)
 
 ``triton``: the Triton forward, dq and dk/dv kernels alone under each config of ``TRITON_SWEEP`` (BLOCK_M,
-BLOCK_N, warps, stages; a superset of the autotuned lists in ``ops/forgetting_attention.py``), plus d log f and
+BLOCK_N, warps, stages; a superset of the autotuned lists, ``launchers.TRITON_AUTOTUNE_CONFIGS``), plus d log f and
 the whole (autotuned) backward. ``fwd`` / ``dq`` / ``dkdv``: the Gluon kernel under each config of
 ``GLUON_SWEEP`` (the layout of ``launchers.GLUON_CONFIGS``, whose entry is the op's pick) against the Triton
 kernel with its autotuned config: ms, TFLOP/s on the kernel's share of the FLOPs (forward 1x, dq 1.5x, dk/dv 2x
@@ -19,8 +19,6 @@ every config the op runs is tested by ``tests/ops/test_kernel_gpu.py``.
 from __future__ import annotations
 
 import argparse
-import os
-from unittest import mock
 
 import torch
 
@@ -28,7 +26,7 @@ from benchmarks.attention.common import SHAPES, environment, flops_fwd, make_inp
 
 TRITON_SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
     "fwd": [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 4),
-            (128, 32, 4, 3), (256, 64, 8, 3), (128, 128, 8, 4), (64, 128, 4, 3), (256, 32, 8, 3)],
+            (128, 32, 4, 3), (256, 64, 8, 3), (128, 128, 8, 4), (64, 128, 4, 3), (256, 32, 8, 3), (64, 64, 4, 2)],
     "dq": [(64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2), (64, 64, 4, 4), (128, 32, 4, 3), (64, 32, 4, 2),
            (32, 64, 4, 3), (64, 128, 8, 3), (128, 128, 8, 2), (128, 32, 8, 3), (128, 64, 8, 4), (64, 64, 8, 3)],
     "dkdv": [(64, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 4), (32, 64, 4, 2),
@@ -136,6 +134,7 @@ def sweep_fused(rounds):
     whole backward at head dim 64, alternating for ``rounds`` rounds (medians); d: the largest relative L2
     difference of dq, dk, dv and d log f from the two kernels'."""
     from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops import use_options
 
     configs = GLUON_SWEEP["fused"]
     print(f"whole backward ms (median of {rounds} alternating rounds of do_bench); the op's pick: "
@@ -147,7 +146,7 @@ def sweep_fused(rounds):
         flops = 2.5 * flops_fwd(B, T, H, D)
 
         def two():
-            with mock.patch.dict(os.environ, {"FOX_FUSED_BWD": "0"}):  # (restores the caller's setting)
+            with use_options(fused_backward=False):
                 return L.backward(do, q, k, v, lf, o, lse)
 
         def one(cfg):

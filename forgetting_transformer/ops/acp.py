@@ -7,16 +7,16 @@ away from the diagonal, so the pruned key blocks of a query block form a prefix,
 key block a suffix). ``delta = -2U - log(Tk) + log(eps)`` with ``U >= max |s_ij|`` bounds the total softmax
 weight pruned from any row by ``eps``.
 
-The pruned region is defined once, on a fine grid (GM x GN = the smallest BLOCK_M / BLOCK_N of the three
-kernels), as a per-query-block count ``lo[m]`` of pruned key blocks; equivalently every query row ``i`` sees keys
-``j >= lo[i // GM] * GN`` only. Each kernel skips its own tiles that lie wholly in the region and masks the
-elements of the tiles that straddle its boundary, so the forward and both backward kernels prune exactly the
-same (i, j) set whatever their tile sizes, and the gradients are exactly those of the pruned forward. The kernel
-path computes ``lo`` and ``hi`` in three Triton launches (``triton_kernels._acp_cumsum_kernel``: chunk-local
-float64 cumsums; ``_acp_lo_kernel``: a 32-ary search, then the paper's two-pointer walk, vectorised;
-``_acp_hi_kernel``: ``hi`` from ``lo``), each parallel over positions; ``lo_table`` / ``hi_table`` here are the
-PyTorch (``torch.searchsorted``) equivalents used to test it and for ``tile_stats``. Requires ``log f <= 0``
-(then ``c`` is non-increasing and the boundary is monotone).
+The pruned region is defined once, on a fine grid (GM x GN, ``grid``: the smallest BLOCK_M / BLOCK_N of the three
+kernels' configs for the head dim), as a per-query-block count ``lo[m]`` of pruned key blocks; equivalently every query
+row ``i`` sees keys ``j >= lo[i // GM] * GN`` only. Each kernel skips its own tiles that lie wholly in the region and
+masks the elements of the tiles that straddle its boundary, so the forward and both backward kernels prune exactly the
+same (i, j) set whatever their tile sizes, and the gradients are exactly those of the pruned forward. The kernel path
+computes ``lo`` and ``hi`` in three Triton launches (``triton_kernels._acp_cumsum_kernel``: chunk-local float64 cumsums;
+``_acp_lo_kernel``: a 32-ary search, then the paper's two-pointer walk, vectorised; ``_acp_hi_kernel``: ``hi`` from
+``lo``), each parallel over positions; ``lo_table`` / ``hi_table`` here are the PyTorch (``torch.searchsorted``)
+equivalents used to test it and for ``tile_stats``. Requires ``log f <= 0`` (then ``c`` is non-increasing and the
+boundary is monotone).
 """
 
 from __future__ import annotations
@@ -25,7 +25,21 @@ import math
 
 import torch
 
+from .options import interpreting
+
 DEFAULT_EPS = math.exp(-10.0)
+
+
+def grid(head_dim: int, override=None) -> tuple[int, int]:
+    """ACP's grid (GM, GN) at ``head_dim``: 64 x 64 up to 128 and 32 x 32 above on GPUs (the smallest tiles of
+    the Triton kernels' head-dim configs), 16 x 16 under triton's interpreter (its tiles). The reference prunes
+    on the same grid, so CPU and GPU runs prune the same region. ``override`` (``AttentionOptions.acp_grid``)
+    replaces it."""
+    if override is not None:
+        return override
+    if interpreting():
+        return 16, 16
+    return (64, 64) if head_dim <= 128 else (32, 32)
 
 
 def threshold_kind(adaptive_threshold, B, H, eps=DEFAULT_EPS):

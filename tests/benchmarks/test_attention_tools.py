@@ -244,3 +244,14 @@ def test_gpu_tools_refuse_a_cpu_machine():
     for name, args in (("bench", []), ("sweep", ["fwd"])):
         r = tool(name, *args)
         assert r.returncode == 1 and "needs a CUDA GPU" in r.stderr, (name, r.stderr)
+
+
+def test_the_triton_sweep_covers_the_autotuned_configs():
+    """``sweep triton`` times every config the autotuner may pick, so its table shows each pick's rivals."""
+    import dataclasses
+
+    from benchmarks.attention.sweep import TRITON_SWEEP
+    from forgetting_transformer.ops import launchers as L
+
+    for kind, configs in L.TRITON_AUTOTUNE_CONFIGS.items():
+        assert {dataclasses.astuple(c) for c in configs} <= set(TRITON_SWEEP[kind]), kind

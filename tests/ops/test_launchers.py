@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from forgetting_transformer.ops import forgetting_attention
+from forgetting_transformer.ops import TileConfig, default_options, forgetting_attention
 from forgetting_transformer.ops import launchers as L
 
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU interpreter tests", allow_module_level=True)
 
-fa = importlib.import_module("forgetting_transformer.ops.forgetting_attention")
+FA = importlib.import_module("forgetting_transformer.ops.forgetting_attention")  # the module, not the op
 
 
 def inputs(B=2, T=40, H=2, D=16, seed=0):
@@ -57,17 +57,19 @@ def test_acp_tables_and_grid():
     GM, GN = L.acp_grid(q.shape[-1])
     assert lo.shape == (2 * 2, -(-64 // GM)) and hi.shape == (2 * 2, -(-64 // GN))
     assert torch.equal(delta, torch.full((2, 2), -3.0))
-    want = fa._acp_tables_for(q, k, lf, 16 ** -0.5, -3.0, L.DEFAULT_EPS, None)
+    want = FA.acp_tables_for(q, k, lf, 16 ** -0.5, -3.0, L.DEFAULT_EPS, None, default_options())
     assert all(torch.equal(a, b) for a, b in zip((lo, hi, delta), want))
 
 
 def test_triton_config_context_restores_the_forced_configs():
+    before = default_options()
     with L.triton_config("dq", 64, 32, 4, 2):
-        assert fa._FORCE_CONFIGS["dq"] == (dict(BLOCK_M=64, BLOCK_N=32), 4, 2)
-        with L.triton_config("dq", 32, 32, 4, 3):
-            assert fa._FORCE_CONFIGS["dq"][2] == 3
-        assert fa._FORCE_CONFIGS["dq"][2] == 2
-    assert "dq" not in fa._FORCE_CONFIGS
+        assert default_options().triton_config("dq") == TileConfig(64, 32, 4, 2)
+        with L.triton_config("fwd", 32, 32, 4, 3):
+            assert default_options().triton_config("fwd") == TileConfig(32, 32, 4, 3)
+            assert default_options().triton_config("dq") == TileConfig(64, 32, 4, 2)
+        assert default_options().triton_config("fwd") is None
+    assert default_options() is before
     with pytest.raises(ValueError, match="kind must be"):
         with L.triton_config("fused", 64, 64, 4, 2):
             pass
@@ -91,12 +93,16 @@ def test_host_stages_time_the_stages_and_restore_them():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    saved = {name: getattr(fa, name) for name in L.HOST_STAGES}
+    stages = [(importlib.import_module(f"forgetting_transformer.ops.{m}"), name)
+              for m, name in (s.split(".") for s in L.HOST_STAGES)]
+    saved = [getattr(module, name) for module, name in stages]
     runs = (JITFunction.run, InterpretedFunction.run)
-    q, k, v, lf = inputs()
+    q, k, v, lf = (t.requires_grad_() for t in inputs())
     with L.host_stages() as acc:
-        forgetting_attention(q, k, v, lf, backend="triton")
-    assert acc["_fwd_impl"] > 0 and acc["_block_prefix"] > 0
+        forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto").sum().backward()
+    for name in ("forgetting_attention_triton", "check_inputs", "acp_tables_for", "acp_launch", "fwd_impl",
+                 "block_prefix", "bwd_impl", "bwd", "bwd_dlogf"):
+        assert acc.get(name, 0) > 0, (name, sorted(acc))
     assert any(key.startswith("launch _attn_fwd_kernel") for key in acc), sorted(acc)
-    assert all(getattr(fa, name) is fn for name, fn in saved.items())
+    assert [getattr(module, name) for module, name in stages] == saved
     assert (JITFunction.run, InterpretedFunction.run) == runs
