@@ -132,3 +132,21 @@ def test_bad_inputs_are_clear_errors():
     cache.reserve(16)
     with pytest.raises(ValueError, match="holds max_len=20 positions per sequence; 0 written \\+ 21 more"):
         cache.reserve(21)
+
+
+def test_generation_through_the_triton_kernel_equals_full_recomputation(prompts, monkeypatch):
+    # The decode step with the Triton kernel (interpreted on the CPU, fp32) over the cache as generation fills it:
+    # blocks from the free list, left padding, GQA, a prefill chunk of several queries, eviction starts.
+    import functools
+
+    import forgetting_transformer.inference.cache as cache_module
+
+    kernel = functools.partial(cache_module.forgetting_attention_decode, backend="triton", num_splits=2)
+    monkeypatch.setattr(cache_module, "forgetting_attention_decode", kernel)
+    model = tiny(LOCAL, dtype=torch.float32)
+    out = generate(model, prompts, max_new_tokens=30, block_size=16, prefill_chunk=5, acp_eviction=True,
+                   acp_eps=1e-2, output_logits=True)
+    assert (out.stats["kept"] < out.stats["tokens"][None, :, None]).any()  # some keys were evicted
+    for i, (tokens, logits) in enumerate(recompute_alone(model, prompts, 30)):
+        assert torch.equal(out.sequences[i, 9:], tokens), f"row {i}"
+        torch.testing.assert_close(out.logits[i], logits, rtol=1e-4, atol=1e-4)
