@@ -22,6 +22,16 @@ VARIANTS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: the models here are tiny, and on a loaded machine two threads of one op wait on each
+    other for the cores other processes hold."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def tiny(switches, seed=0):
     torch.manual_seed(seed)
     # init_std 0.1: peaked next-token distributions, so greedy choices are not decided by float32 rounding.
