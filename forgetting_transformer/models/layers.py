@@ -171,7 +171,7 @@ class Attention(nn.Module):
             if acp and self.q_norm is not None:
                 acp = dict(acp, qk_norm_weights=(self.q_norm.weight, self.k_norm.weight))
             o = forgetting_attention(q, k, v, log_fgate, seq_start=seq_start, **acp)  # (B, T, H, D)
-        elif cache is None and seq_start is None:
+        elif seq_start is None and q.shape[1] == k.shape[1]:  # no padding, no earlier keys (or an empty cache)
             o = F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                 enable_gqa=self.n_kv_heads != self.n_heads,
