@@ -2,6 +2,7 @@
 
     python -m benchmarks.attention.compile_kernels [--arch 90 80] [--quick] [--regs] [--sass DIR]
     python -m benchmarks.attention.compile_kernels --smem [--arch 90 80] [--head-dims 16 32 64 128 256] [--jobs N]
+                                                   [--near-limit FRACTION]
 
 Each kernel is compiled through triton's full pipeline (TTIR, TTGIR, LLVM IR, PTX, ptxas) for the given compute
 capabilities, over the constexpr combinations that matter: dense / padding / ACP / documents, head dims 64, 80
@@ -266,22 +267,30 @@ def _compiled_shared_case(case):
     return compiled_shared(*case)
 
 
-def check_smem(archs, head_dims, jobs):
+def check_smem(archs, head_dims, jobs, near_limit=None):
     """Compile every case of ``smem_cases`` (``jobs`` processes) and compare ``launchers.shared_memory``, the bound
     the op prunes configs by, with the compiler's figure: one line per case, and a failure for an estimate below
-    it or for a kernel at a head dim with no config that fits. Returns the number of failures."""
+    it or for a kernel at a head dim with no config that fits. ``near_limit`` (a fraction): compile only the cases
+    whose estimate lies within that fraction of the architecture's limit, where the estimate decides between
+    keeping and pruning (the no-config-fits check still covers every case). Returns the number of failures."""
     import concurrent.futures
 
-    cases = smem_cases(archs, head_dims)
+    def limit_of(arch):
+        return SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
+
+    every = smem_cases(archs, head_dims)
+    fitting = {}
+    for arch, kind, cfg, D, elem in every:
+        if elem == 2:
+            fitting.setdefault((arch, kind, D), []).append(L.shared_memory(kind, cfg, D, elem, arch) <= limit_of(arch))
+    cases = [c for c in every if near_limit is None
+             or abs(L.shared_memory(c[1], c[2], c[3], c[4], c[0]) - limit_of(c[0])) <= near_limit * limit_of(c[0])]
     with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
         shared = list(pool.map(_compiled_shared_case, cases))
     failed = 0
-    fitting = {}
     for (arch, kind, cfg, D, elem), true in zip(cases, shared):
-        limit = SHARED_LIMIT.get(arch, SHARED_LIMIT[80])
+        limit = limit_of(arch)
         est = L.shared_memory(kind, cfg, D, elem, arch)
-        if elem == 2:
-            fitting.setdefault((arch, kind, D), []).append(est <= limit)
         verdict = "kept" if est <= limit else "pruned" + (f", fits by {limit - true}" if true <= limit else "")
         bad = est < true
         failed += bad
@@ -305,11 +314,13 @@ def main():
                          "memory the op estimates against the compiler's")
     ap.add_argument("--head-dims", type=int, nargs="+", default=list(SMEM_HEAD_DIMS), help="(--smem)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="(--smem) compiling processes")
+    ap.add_argument("--near-limit", type=float, metavar="FRACTION",
+                    help="(--smem) only the configs whose estimate is within FRACTION of the limit")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise SystemExit("compile_kernels: unset TRITON_INTERPRET (the interpreter's kernels cannot be compiled)")
     if args.smem:
-        if check_smem(args.arch, args.head_dims, args.jobs):
+        if check_smem(args.arch, args.head_dims, args.jobs, args.near_limit):
             raise SystemExit(1)
         return
 

@@ -7,10 +7,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-from forgetting_transformer.ops import tiles
-
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 LIMITS = {90: 232448, 80: 166912}
 
@@ -88,24 +84,24 @@ def test_kernels_compile_for_sm90(tmp_path):
     assert 0 < regs <= 255, fwd
 
 
-@pytest.mark.parametrize("arch", sorted(LIMITS))
-def test_shared_memory_bound_holds_for_every_config(arch):
+def test_shared_memory_bound_holds_near_the_limit(tmp_path):
     """``tiles.shared_memory``, by which the op prunes configs before launching them, is never below what the
-    compiler gives the kernel, for every config of the tables (autotuned and fixed, 16-bit inputs; each head dim's
-    own config also with fp32 inputs) at the tables' head dims 64, 128 and 256, every mask on; and each kernel
-    keeps a config that fits at each of them. Runs ``compile_kernels --smem`` (on triton's own cache: a first run
-    compiles ~130 kernels, a few minutes on 2 cores)."""
+    compiler gives the kernel, for the configs of the tables (autotuned and fixed, 16-bit inputs; each head dim's
+    own config also with fp32 inputs) at head dims 64, 128 and 256 whose estimate lies within 10% of sm90's or
+    sm80's limit, where the estimate decides between keeping and pruning; and each kernel keeps a config that fits
+    at each head dim. Runs ``compile_kernels --smem --near-limit 0.1`` with an empty cache; the whole table
+    (``compile_kernels --smem``, ~130 compilations per architecture) runs in benchmarks/attention/gpu_tests.sh."""
     dims = ("64", "128", "256")
-    r = compile_kernels("--smem", "--arch", str(arch), "--head-dims", *dims, "--jobs", str(os.cpu_count() or 1))
+    r = compile_kernels("--smem", "--arch", "90", "80", "--head-dims", *dims, "--near-limit", "0.1",
+                        "--jobs", str(os.cpu_count() or 1), cache=tmp_path)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("smem ")]
-    assert r.returncode == 0 and "UNDERESTIMATE" not in r.stdout, r.stdout[-6000:] + r.stderr[-3000:]
-    per_dim = sum(len(dict.fromkeys(list(tiles.AUTOTUNE_CONFIGS[k]) + [c for _, c in tiles.HEAD_DIM_CONFIGS[k]]))
-                  + 1 for k in tiles.AUTOTUNE_CONFIGS)
-    assert len(lines) == per_dim * len(dims), r.stdout
+    assert r.returncode == 0 and "UNDERESTIMATE" not in r.stdout and "NO CONFIG FITS" not in r.stdout, \
+        r.stdout[-6000:] + r.stderr[-3000:]
+    assert len(lines) >= 5, r.stdout  # configs on both sides of each limit
     for ln in lines:
+        arch = int(re.search(r"smem sm(\d+)", ln).group(1))
         true, est = (int(x) for x in re.search(r"compiled (\d+) estimate (\d+)", ln).groups())
         assert est >= true, ln
+        assert abs(est - LIMITS[arch]) <= 0.1 * LIMITS[arch], ln
         assert ("kept" in ln) == (est <= LIMITS[arch]), ln
-    for kind in tiles.AUTOTUNE_CONFIGS:
-        for d in dims:
-            assert any(f" {kind} D={d} bf16 " in ln and ln.endswith("kept") for ln in lines), (kind, d)
+    assert any(ln.endswith("kept") for ln in lines) and any("pruned" in ln for ln in lines), r.stdout
