@@ -87,7 +87,7 @@ def run(cfg) -> None:
         out.mkdir(parents=True, exist_ok=True)  # Hydra makes its run dir, which is not output_dir in a multirun
     barrier()
     fresh = not found
-    setup = None
+    setup = preempted = None
     try:
         with ConsoleLog(out / "train.log", enabled=dist.is_main):
             try:
@@ -97,6 +97,11 @@ def run(cfg) -> None:
                 setup.metrics.say(f"done in {time.perf_counter() - t_start:.0f} s: held-out loss "
                                   f"{setup.heldout:.4f}")
                 setup.metrics.finish()
+            except Preempted as stop:  # the checkpoint is written
+                received = setup.preemption.received
+                setup.metrics.say(f"stopping on signal {received if received is not None else '(of another rank)'}"
+                                  f" {stop.when}")
+                preempted = setup.preemption
             except USER_ERRORS as e:  # into train.log too; main() prints it on the console
                 if dist.is_main:
                     try:
@@ -110,7 +115,11 @@ def run(cfg) -> None:
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
+        setup = None  # the model goes before the process group (distributed.shutdown says why)
         shutdown()
+    if preempted is not None:  # the job script (or submitit, on its SIGUSR2) requeues the job
+        preempted.hand_over()  # submitit's SIGUSR2 handler: requeue and exit
+        sys.exit(PREEMPTED_EXIT_CODE)
 
 
 @dataclass
@@ -210,8 +219,8 @@ def train(cfg, dist, setup: Setup) -> None:
         stop = setup.preemption.should_stop(device)
         if state.step % cfg.train.checkpoint_every == 0 or state.step == setup.total_steps or stop:
             save_checkpoint(state, setup.out / "checkpoints", keep=cfg.train.keep_checkpoints)  # finite weights only
-        if stop:  # checkpoint written; the job script (or submitit, on its SIGUSR2) requeues the job
-            stop_preempted(setup, f"after step {state.step}; resume=true continues")
+        if stop:
+            raise Preempted(f"after step {state.step}; resume=true continues")
 
 
 def optimizer_step(cfg, dist, setup: Setup) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -264,16 +273,6 @@ def log_row(cfg, dist, setup: Setup, lr: float, loss_mean: torch.Tensor, grad_no
                        "memory_gib": peak_memory_gib(device)})
 
 
-def stop_preempted(setup: Setup, when: str) -> None:
-    """Exit with code 75 on a preemption signal (the checkpoint is on disk): the job script, or submitit on its
-    SIGUSR2, requeues the job."""
-    received = setup.preemption.received
-    setup.metrics.say(f"stopping on signal {received if received is not None else '(of another rank)'} {when}")
-    shutdown()
-    setup.preemption.hand_over()  # submitit's SIGUSR2 handler: requeue and exit
-    sys.exit(PREEMPTED_EXIT_CODE)
-
-
 def evaluate(cfg, dist, setup: Setup) -> None:
     """Held-out loss on the first batches of heldout.zarr (all with null), then L(i) over whole held-out rows
     spread over the split (every rank runs the same batches: FSDP needs all ranks in each forward). A preemption
@@ -294,8 +293,8 @@ def evaluate(cfg, dist, setup: Setup) -> None:
         inputs, labels = read_rows(data_dir / "heldout.zarr", rows, length, **setup.data_kw)  # (N, length) each
         curve = per_token_loss(model, inputs, labels, batch_size=mb, **kw)
     except Preempted:
-        stop_preempted(setup, f"during the final evaluation (step {setup.state.step} is checkpointed); resume=true "
-                              "evaluates again")
+        raise Preempted(f"during the final evaluation (step {setup.state.step} is checkpointed); resume=true "
+                        "evaluates again") from None
     if dist.is_main:
         ptl = out / "per_token_loss.json"
         fingerprint = (load_meta(data_dir) or {}).get("tokenizer_fingerprint")

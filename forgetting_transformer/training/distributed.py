@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -74,5 +75,10 @@ def broadcast_from_main(obj):
 
 
 def shutdown() -> None:
+    """Destroy the process group, after the caller has dropped its models. DDP's reducer holds the group; were it
+    the last holder, the group would die in the reducer's destructor, which keeps the GIL while it joins gloo's
+    worker threads, and a worker that frees a collective's tensor needs the GIL: a hang at exit. Collected first,
+    the reducer leaves the group to ``destroy_process_group``, whose destructor releases the GIL."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

@@ -21,16 +21,17 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 
 
 class Preempted(Exception):
-    """A preemption signal arrived during a loop that stops by unwinding (the final evaluation)."""
+    """A preemption signal stops the run (after its checkpoint is written); ``when`` says where it stopped."""
 
-    def __init__(self, signum: int):
-        super().__init__(f"signal {signum}")
-        self.signum = signum
+    def __init__(self, when: str):
+        super().__init__(when)
+        self.when = when
 
 
 class PreemptionFlag:
     def __init__(self, signals=(signal.SIGUSR1, signal.SIGTERM)):
         self.received: int | None = None
+        self._flag: torch.Tensor | None = None
         # A Python handler already on SIGUSR2 is submitit's requeue; outside submitit SIGUSR2 keeps its default.
         self._deferred = {}
         usr2 = signal.getsignal(signal.SIGUSR2)
@@ -47,14 +48,17 @@ class PreemptionFlag:
         """True on every rank if any rank got a signal (ranks may receive it at slightly different steps)."""
         if not dist.is_initialized():
             return self.received is not None
-        flag = torch.tensor(float(self.received is not None), device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        if self._flag is None or self._flag.device != device:
+            # one tensor for every check (after each step and each evaluation batch)
+            self._flag = torch.zeros((), device=device)
+        self._flag.fill_(float(self.received is not None))
+        dist.all_reduce(self._flag, op=dist.ReduceOp.MAX)
+        return bool(self._flag.item())
 
     def raise_if_stopping(self, device: torch.device) -> None:
         """Raise Preempted on every rank if any rank got a signal."""
         if self.should_stop(device):
-            raise Preempted(self.received if self.received is not None else -1)
+            raise Preempted("during a loop")
 
     def hand_over(self) -> None:
         """Call, once the checkpoint is written, the handler deferred for the received signal (submitit's: it
