@@ -1,4 +1,4 @@
-"""scripts/bench_train.py's SDPA pin (the rest of the script needs a GPU: docs/benchmarks.md, session 14)."""
+"""scripts/bench_train.py's SDPA pin (the rest of the script needs a GPU: docs/benchmarks.md)."""
 
 import sys
 from pathlib import Path
