@@ -79,3 +79,15 @@ def tiny_text_run(tmp_path_factory):
                           max_docs=3, progress=False)
     return _train_on_prepared_data(tmp / "run", tmp / "data", meta, "data.seq_len=256", "model.n_layers=2",
                                    "model.d_model=64", "model.head_dim=32", "train.max_steps=4")
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread (``pytest.mark.usefixtures("one_thread")``): for tiny models, where on a loaded machine
+    two threads of one op wait on each other for the cores other processes hold."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -26,20 +26,8 @@ import triton.language as tl
 from forgetting_transformer.ops import launchers as L
 
 
-@triton.jit
-def _prefix_plane(P, pid_bh, spp, spr, BLOCK: tl.constexpr):
-    """The row of PK (``launchers.block_prefix``; plane / row strides spp / spr) for blocks of BLOCK positions,
-    for one (b, h)."""
-    tl.static_assert(BLOCK == 16 or BLOCK == 32 or BLOCK == 64 or BLOCK == 128)
-    if BLOCK == 16:
-        plane = 0
-    elif BLOCK == 32:
-        plane = 1
-    elif BLOCK == 64:
-        plane = 2
-    else:
-        plane = 3
-    return P + plane * spp.to(tl.int64) + pid_bh.to(tl.int64) * spr
+# the kernels' own helper: the row of PK for blocks of BLOCK positions, for one (b, h)
+_prefix_plane = L.jit_kernel("_prefix_plane")
 
 
 @triton.jit
