@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +31,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from forgetting_transformer.data.integrity import ChunkLayout, DataIntegrityError, read_block  # noqa: E402
 from forgetting_transformer.data.longcrawl64 import load_meta, open_token_array  # noqa: E402
+from forgetting_transformer.data.progress import ProgressLine, progress_every  # noqa: E402
 
 BLOCK_TOKENS = 1 << 22  # tokens per read: 8 MB of uint16
 SHOW = 5  # how many chunk keys / row indices a line lists
@@ -110,18 +110,12 @@ def scan_array(arr, layout: ChunkLayout, name: str, rows: np.ndarray | None,
         units = [(r, min(r + step, n)) for r in range(0, n, step)]
     else:
         units = [(int(r), int(r) + 1) for r in rows]
-    total = sum(b - a for a, b in units)
-    scan, done, t0 = Scan(), 0, time.monotonic()
-    last = t0
-    for r0, r1 in units:
-        block, ok = _read_unit(arr, layout, r0, r1, scan)
-        _tally(block, ok, r0, vocab_size, scan)
-        done += r1 - r0
-        now = time.monotonic()
-        if now - last >= progress_every and done < total:
-            print(f"  {name}: {done:,}/{total:,} rows read ({100 * done / total:.1f}%), "
-                  f"{now - t0:.0f} s", file=sys.stderr, flush=True)
-            last = now
+    scan = Scan()
+    with ProgressLine(f"  reading {name}", "rows", sum(b - a for a, b in units), every=progress_every) as bar:
+        for r0, r1 in units:
+            block, ok = _read_unit(arr, layout, r0, r1, scan)
+            _tally(block, ok, r0, vocab_size, scan)
+            bar.update(r1 - r0)
     return scan
 
 
@@ -251,11 +245,18 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=None,
                    help="check token ids against this when meta.json has no vocab_size "
                         "(LongCrawl64: 50257)")
-    p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
-                   help="seconds between progress lines on stderr (default 10)")
+    p.add_argument("--progress-every", type=float, default=None, metavar="SECONDS",
+                   help="seconds between progress lines on stderr (default: FOX_PROGRESS_SECONDS, else 10)")
     a = p.parse_args(argv)
     if a.sample is not None and a.sample < 1:
         p.error(f"--sample must be >= 1, got {a.sample}")
+    if a.progress_every is None:
+        try:
+            a.progress_every = progress_every()
+        except ValueError as e:
+            p.error(str(e))
+    elif a.progress_every < 0:
+        p.error(f"--progress-every must be >= 0, got {a.progress_every}")
 
     data_dir = Path(a.data_dir)
     try:

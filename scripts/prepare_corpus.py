@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     p.add_argument("--hf-split", default="train", help="split for --hf-dataset (default 'train')")
     p.add_argument("--seed", type=int, default=0, help="seed of the document shuffle (default 0)")
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines on stderr (they come every 10 s; FOX_PROGRESS_SECONDS sets the interval)")
     a = p.parse_args(argv)
 
     inputs = [EMBEDDED_CORPUS if x == "embedded" else Path(x) for x in a.inputs]

@@ -12,24 +12,31 @@ Each document is tokenized on its own and cut into consecutive rows of ``doc_len
 the final partial row is dropped and documents shorter than ``min_doc_tokens`` are dropped.
 Both are counted in ``meta.json`` and the printed summary. No BOS token is stored: the reader
 puts ``bos_id`` in front of every row.
+
+This module runs the build (:func:`prepare_corpus`), makes it idempotent and atomic
+(:func:`ensure_prepared`, :func:`ensure_data`) and measures the result (:func:`unigram_entropy`). The jobs
+it runs live beside it: reading and splitting documents (``documents.py``), the tokenizer (``tokenizer.py``),
+the rows and arrays (``writer.py``), each reporting progress through ``progress.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
-import lzma
 import os
-import re
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
+
+from .documents import (EMBEDDED_CORPUS, expand_inputs, iter_documents, read_corpus, split_documents,
+                        strip_gutenberg_boilerplate)
+from .tokenizer import EOT, load_tokenizer, tokenizer_fingerprint, train_bpe
+from .writer import format_summary, write_splits
 
 __all__ = [
     "EMBEDDED_CORPUS",
@@ -43,175 +50,10 @@ __all__ = [
     "format_summary",
 ]
 
-EMBEDDED_CORPUS: Path = Path(__file__).resolve().parent / "assets" / "gutenberg_sample.jsonl.xz"
-EOT = "<|endoftext|>"
 FORMAT_VERSION = 1
+CREATED_BY = "forgetting_transformer.data.prepare"  # in meta.json: marks a directory ensure_prepared may replace
 _EMBEDDED_TAG = "embedded:gutenberg_sample.jsonl.xz"
-_JSONL_SUFFIXES = (".jsonl", ".jsonl.xz", ".jsonl.gz")
-_TEXT_SUFFIXES = (".txt",)
 _OUR_FILES = {"train.zarr", "heldout.zarr", "tokenizer.json", "meta.json", "documents.jsonl"}
-
-_START_RE = re.compile(r"^\*\*\*\s*START OF", re.MULTILINE)
-_END_RE = re.compile(r"^\*\*\*\s*END OF", re.MULTILINE)
-
-
-# --------------------------------------------------------------------------- text input
-
-
-def strip_gutenberg_boilerplate(text: str) -> str:
-    """Keep only the text between the ``*** START OF ...`` and ``*** END OF ...`` lines when
-    both exist (a START marker may wrap onto the next line; it ends at its closing ``***``).
-    Surrounding whitespace is stripped. Text without both markers is returned unchanged."""
-    m_start = _START_RE.search(text)
-    if m_start is None:
-        return text
-    m_end = _END_RE.search(text, m_start.end())
-    if m_end is None:
-        return text
-    # the START marker ends at the closing "***" (possibly on the next line), else at its line end
-    close = text.find("***", m_start.end(), m_end.start())
-    nl = text.find("\n", m_start.end())
-    if close != -1 and close - m_start.end() < 400:
-        body_start = text.find("\n", close)
-        body_start = m_end.start() if body_start == -1 else body_start + 1
-    else:
-        body_start = m_end.start() if nl == -1 else nl + 1
-    body_start = min(body_start, m_end.start())
-    return text[body_start:m_end.start()].strip()
-
-
-def _suffix_kind(path: Path) -> str | None:
-    name = path.name.lower()
-    if name.endswith(_JSONL_SUFFIXES):
-        return "jsonl"
-    if name.endswith(_TEXT_SUFFIXES):
-        return "txt"
-    return None
-
-
-def _expand_inputs(inputs: Iterable[os.PathLike | str]) -> list[Path]:
-    files: list[Path] = []
-    for p in inputs:
-        p = Path(p)
-        if not p.exists():
-            raise FileNotFoundError(f"input not found: {p}")
-        if p.is_dir():
-            found = sorted(f for f in p.rglob("*") if f.is_file() and _suffix_kind(f))
-            if not found:
-                raise ValueError(
-                    f"input directory {p} holds no .txt/.jsonl/.jsonl.xz/.jsonl.gz files"
-                )
-            files.extend(found)
-        elif _suffix_kind(p) is None:
-            raise ValueError(
-                f"input {p}: unsupported file type; expected .txt (one document), "
-                f".jsonl/.jsonl.xz/.jsonl.gz (one JSON document per line) or a directory"
-            )
-        else:
-            files.append(p)
-    return files
-
-
-def _open_text(path: Path):
-    name = path.name.lower()
-    if name.endswith(".xz"):
-        return lzma.open(path, "rt", encoding="utf-8")
-    if name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
-def iter_documents(inputs, *, text_key: str = "text", hf_dataset: str | None = None,
-                   hf_split: str = "train") -> Iterator[tuple[str, str]]:
-    """Yield ``(source, text)`` for every document, in input order. ``source`` is
-    ``file`` for .txt, ``file:line`` for JSON lines, ``hf:name/split:i`` for datasets."""
-    for path in _expand_inputs(inputs or []):
-        if _suffix_kind(path) == "txt":
-            with _open_text(path) as f:
-                yield str(path), f.read()
-            continue
-        with _open_text(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from e
-                if not isinstance(obj, dict) or text_key not in obj:
-                    keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-                    raise ValueError(
-                        f"{path}:{lineno}: no {text_key!r} field (found {keys}); set text_key"
-                    )
-                if not isinstance(obj[text_key], str):
-                    raise ValueError(f"{path}:{lineno}: field {text_key!r} is not a string")
-                yield f"{path}:{lineno}", obj[text_key]
-    if hf_dataset:
-        try:
-            import datasets  # noqa: F401  (optional dependency)
-        except ImportError as e:
-            raise ImportError(
-                "hf_dataset needs the Hugging Face `datasets` package: pip install datasets"
-            ) from e
-        ds = datasets.load_dataset(hf_dataset, split=hf_split, streaming=True)
-        for i, ex in enumerate(ds):
-            if text_key not in ex:
-                raise ValueError(
-                    f"{hf_dataset} ({hf_split}) example {i}: no {text_key!r} field "
-                    f"(found {sorted(ex)}); set text_key"
-                )
-            yield f"hf:{hf_dataset}/{hf_split}:{i}", ex[text_key]
-
-
-# --------------------------------------------------------------------------- tokenizer
-
-
-def _train_bpe(texts: list[str], vocab_size: int, progress: bool):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    return tok
-
-
-def _load_tokenizer(spec: str):
-    from tokenizers import Tokenizer
-
-    if spec == "gpt2":
-        return Tokenizer.from_pretrained("gpt2")
-    p = Path(spec)
-    if p.is_dir():
-        p = p / "tokenizer.json"
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"tokenizer {spec!r}: expected 'train-bpe', 'gpt2', a tokenizer.json file or a "
-            f"directory containing one; {p} does not exist"
-        )
-    return Tokenizer.from_file(str(p))
-
-
-def tokenizer_fingerprint(path) -> str:
-    """A short hash of what a tokenizer maps text to: its vocabulary (token → id, sorted) and its BPE merges, read
-    with ``tokenizers`` so that a tokenizer.json re-saved by another tool (a Hugging Face export) hashes the same.
-    Two data dirs, or a model and a data dir, agree on token ids exactly when their fingerprints agree."""
-    import hashlib
-
-    spec = json.loads(Path(path).read_text(encoding="utf-8"))
-    model = spec.get("model") or {}
-    vocab = sorted((model.get("vocab") or {}).items(), key=lambda kv: kv[1])
-    added = sorted((t["id"], t["content"]) for t in spec.get("added_tokens") or [])
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    blob = json.dumps({"type": model.get("type"), "vocab": vocab, "added": added, "merges": merges},
-                      ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- settings
@@ -230,7 +72,7 @@ def _input_record(p) -> str:
 def _fingerprint(inputs) -> list:
     """Cheap change detector for the input files (size + mtime), so edited inputs rebuild."""
     out = []
-    for f in _expand_inputs(inputs or []):
+    for f in expand_inputs(inputs or []):
         if f.resolve() == EMBEDDED_CORPUS:
             out.append([_EMBEDDED_TAG, f.stat().st_size])
         else:
@@ -302,11 +144,8 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
 
     The held-out split is ``heldout_docs`` documents drawn by a seeded shuffle, or, with
     ``heldout_inputs`` (files or directories), exactly the documents of those files (then every
-    document of ``inputs`` is train: a corpus whose split is fixed, e.g. by author)."""
-    import zarr
-
-    from ..training.progress import Progress
-
+    document of ``inputs`` is train: a corpus whose split is fixed, e.g. by author). With ``progress``,
+    each long step prints progress lines on stderr and the summary ends the build."""
     _validate_args(inputs, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, max_docs,
                    hf_dataset, heldout_inputs)
     settings = _settings(inputs, tokenizer=tokenizer, vocab_size=vocab_size, doc_len=doc_len,
@@ -314,57 +153,23 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
                          text_key=text_key, strip_gutenberg=strip_gutenberg, max_docs=max_docs,
                          hf_dataset=hf_dataset, hf_split=hf_split, seed=seed,
                          heldout_inputs=heldout_inputs)
-    doc_len = settings["doc_len"]
-    min_tokens = settings["min_doc_tokens"]
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(
             f"{out_dir} exists and is not empty; use ensure_prepared() or remove it first"
         )
     t0 = time.time()
+    corpus = read_corpus(inputs, heldout_inputs, text_key=text_key, hf_dataset=hf_dataset, hf_split=hf_split,
+                         max_docs=max_docs, strip_gutenberg=strip_gutenberg, progress=progress)
+    split_docs = split_documents(corpus, heldout_docs=heldout_docs, seed=seed, inputs=inputs,
+                                 heldout_inputs=heldout_inputs)
 
-    # 1. documents (input order), optional boilerplate strip and max_docs cut
-    sources: list[str] = []
-    texts: list[str] = []
-    for src, text in iter_documents(inputs, text_key=text_key, hf_dataset=hf_dataset,
-                                    hf_split=hf_split):
-        if max_docs is not None and len(texts) >= max_docs:
-            break
-        sources.append(src)
-        texts.append(strip_gutenberg_boilerplate(text) if strip_gutenberg else text)
-    n_inputs = len(texts)
-    if heldout_inputs:
-        for src, text in iter_documents(heldout_inputs, text_key=text_key):
-            sources.append(src)
-            texts.append(strip_gutenberg_boilerplate(text) if strip_gutenberg else text)
-    n_docs = len(texts)
-
-    # 2. deterministic split: the held-out files' documents, or a seeded shuffle of document order
-    #    whose last heldout_docs are held out
-    if heldout_inputs:
-        if n_inputs == 0 or n_docs == n_inputs:
-            key, paths = ("inputs", inputs) if n_inputs == 0 else ("heldout_inputs", heldout_inputs)
-            raise ValueError(f"{key} hold no documents: {[str(p) for p in paths]}")
-        split_docs = {"train": list(range(n_inputs)), "heldout": list(range(n_inputs, n_docs))}
-    else:
-        if n_docs < heldout_docs + 1:
-            raise ValueError(
-                f"found {n_docs} documents but need at least heldout_docs+1={heldout_docs + 1} "
-                f"(heldout_docs for heldout plus one for train)"
-            )
-        order = np.random.default_rng(seed).permutation(n_docs)
-        split_docs = {"train": [int(i) for i in order[: n_docs - heldout_docs]],
-                      "heldout": [int(i) for i in order[n_docs - heldout_docs:]]}
-
-    # 3. tokenizer (trained on the train split only)
+    # the tokenizer learns from the train split only
     out_dir.mkdir(parents=True, exist_ok=True)
     if tokenizer == "train-bpe":
-        if progress:
-            print(f"training byte-level BPE (vocab_size={vocab_size}) on "
-                  f"{len(split_docs['train'])} train documents ...", file=sys.stderr)
-        tok = _train_bpe([texts[i] for i in split_docs["train"]], int(vocab_size), progress)
+        tok = train_bpe([corpus.texts[i] for i in split_docs["train"]], int(vocab_size), progress)
     else:
-        tok = _load_tokenizer(tokenizer)
+        tok = load_tokenizer(tokenizer)
     tok.save(str(out_dir / "tokenizer.json"))
     bos_id = tok.token_to_id(EOT)
     if bos_id is None:
@@ -372,82 +177,25 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
     real_vocab = int(tok.get_vocab_size())
     dtype = np.uint16 if real_vocab <= 65535 else np.uint32
 
-    # 4. tokenize, cut rows, write zarr
-    doc_records: list[dict] = [None] * n_docs  # type: ignore[list-item]
-    split_stats: dict[str, dict] = {}
-    batch_docs = 32
-    bar = Progress(n_docs, "tokenizing", "doc", enabled=progress)
-    for split in ("train", "heldout"):
-        chunks: list[np.ndarray] = []
-        st = {"docs": len(split_docs[split]), "docs_kept": 0, "docs_dropped_short": 0,
-              "tokens_total": 0, "tokens_kept": 0, "tokens_dropped_short_docs": 0,
-              "tokens_dropped_remainder": 0, "rows": 0}
-        ids_list = split_docs[split]
-        for b in range(0, len(ids_list), batch_docs):
-            idx = ids_list[b: b + batch_docs]
-            encs = tok.encode_batch([texts[i] for i in idx], add_special_tokens=False)
-            for i, enc in zip(idx, encs):
-                ids = np.asarray(enc.ids, dtype=np.int64)
-                n = len(ids)
-                nrows = n // doc_len if n >= min_tokens else 0
-                rec = {"split": split, "source": sources[i], "tokens": n,
-                       "first_row": st["rows"], "rows": nrows, "dropped": None}
-                st["tokens_total"] += n
-                if nrows == 0:
-                    rec["dropped"] = (f"shorter than min_doc_tokens={min_tokens}" if n < min_tokens
-                                      else f"shorter than doc_len={doc_len}")
-                    st["docs_dropped_short"] += 1
-                    st["tokens_dropped_short_docs"] += n
-                else:
-                    st["docs_kept"] += 1
-                    kept = nrows * doc_len
-                    st["tokens_kept"] += kept
-                    st["tokens_dropped_remainder"] += n - kept
-                    if ids.size and (ids.max() >= real_vocab or ids.min() < 0):
-                        raise ValueError(f"{sources[i]}: tokenizer produced ids outside "
-                                         f"[0, {real_vocab})")
-                    chunks.append(ids[:kept].astype(dtype).reshape(nrows, doc_len))
-                    st["rows"] += nrows
-                doc_records[i] = rec
-            bar.update(len(idx))
-        if st["rows"] == 0:
-            bar.close()
-            raise ValueError(
-                f"the {split} split has 0 rows: its {st['docs']} documents hold "
-                f"{st['tokens_total']} tokens, none reaching doc_len={doc_len} / "
-                f"min_doc_tokens={min_tokens}; use a smaller doc_len or min_doc_tokens"
-                + (" or more heldout_docs" if split == "heldout" else "")
-            )
-        data = np.concatenate(chunks, axis=0)
-        arr = zarr.create_array(store=str(out_dir / f"{split}.zarr"), shape=data.shape,
-                                dtype=data.dtype, chunks=(1, doc_len), zarr_format=3)
-        arr[...] = data
-        split_stats[split] = st
-    bar.close()
-
-    with open(out_dir / "documents.jsonl", "w", encoding="utf-8") as f:
-        for split in ("train", "heldout"):
-            for i in split_docs[split]:
-                f.write(json.dumps(doc_records[i], ensure_ascii=False) + "\n")
-
-    source_desc = [*(settings["inputs"])]
-    if hf_dataset:
-        source_desc.append(f"hf:{hf_dataset}/{hf_split}")
+    stats = write_splits(tok, corpus, split_docs, out_dir, doc_len=settings["doc_len"],
+                         min_tokens=settings["min_doc_tokens"], vocab_size=real_vocab, dtype=dtype,
+                         progress=progress)
+    source_desc = [*settings["inputs"], *([f"hf:{hf_dataset}/{hf_split}"] if hf_dataset else [])]
     meta = {
         "vocab_size": real_vocab,
         "bos_id": int(bos_id),
-        "doc_len": doc_len,
+        "doc_len": settings["doc_len"],
         "tokenizer": "tokenizer.json",
         "tokenizer_fingerprint": tokenizer_fingerprint(out_dir / "tokenizer.json"),
-        "num_train_rows": split_stats["train"]["rows"],
-        "num_heldout_rows": split_stats["heldout"]["rows"],
+        "num_train_rows": stats["train"]["rows"],
+        "num_heldout_rows": stats["heldout"]["rows"],
         "source": ", ".join(source_desc),
         "dtype": np.dtype(dtype).name,
-        "num_docs": n_docs,
-        "stats": split_stats,
+        "num_docs": len(corpus.texts),
+        "stats": stats,
         "settings": settings,
         "build_seconds": round(time.time() - t0, 2),
-        "created_by": "forgetting_transformer.data.prepare",
+        "created_by": CREATED_BY,
     }
     # meta.json last: its presence marks a complete build
     with open(out_dir / "meta.json", "w", encoding="utf-8") as f:
@@ -456,22 +204,6 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
     if progress and _print_summary:
         print(format_summary(meta, out_dir), file=sys.stderr)
     return meta
-
-
-def format_summary(meta: dict, out_dir) -> str:
-    lines = [f"prepared {out_dir}  (vocab_size={meta['vocab_size']}, bos_id={meta['bos_id']}, "
-             f"doc_len={meta['doc_len']}, dtype={meta.get('dtype')})"]
-    for split in ("train", "heldout"):
-        st = meta["stats"][split]
-        lines.append(
-            f"  {split:8s}: {st['rows']} rows = {st['tokens_kept']} tokens from {st['docs_kept']}/"
-            f"{st['docs']} docs; dropped {st['docs_dropped_short']} short docs "
-            f"({st['tokens_dropped_short_docs']} tokens) and {st['tokens_dropped_remainder']} "
-            f"tokens of partial final rows"
-        )
-    lines.append(f"  use: data.data_dir={Path(out_dir).resolve()}  "
-                 f"(vocab_size={meta['vocab_size']}, bos_id={meta['bos_id']})")
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- idempotent build
@@ -502,7 +234,7 @@ def _is_ours_or_empty(d: Path) -> bool:
     if meta.is_file():
         try:
             m = json.loads(meta.read_text(encoding="utf-8"))
-            if m.get("created_by") == "forgetting_transformer.data.prepare":
+            if m.get("created_by") == CREATED_BY:
                 return True
         except (json.JSONDecodeError, OSError):
             pass

@@ -68,9 +68,9 @@ def set_data_type(arr_path, dtype):
         (arr_path / ".zarray").write_text(json.dumps(meta))
 
 
-def check_corpus(*args):
+def check_corpus(*args, env=None):
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "check_corpus.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 # --------------------------------------------------------------------------- missing chunks
@@ -347,7 +347,7 @@ def test_check_corpus_reports_damage(tmp_path):
     assert ("PROBLEM: meta.json says dtype=uint16 but heldout.zarr's zarr.json says uint8" in out)
     assert "PROBLEM: 4 chunk(s) do not decode: c/0/0 (row 0)" in out and "2 bytes per element" in out
     assert out.rstrip().endswith(f"6 problem(s) in {d}")
-    assert "train.zarr: 10/20 rows read (50.0%)" in res.stderr  # progress lines
+    assert "  reading train.zarr: 10/20 rows (50%) | " in res.stderr  # a progress line per row read
     assert "Traceback" not in res.stderr
 
 
@@ -356,4 +356,24 @@ def test_check_corpus_usage_errors(tmp_path):
     assert res.returncode == 1 and res.stderr.strip() == f"error: data dir not found: {tmp_path / 'nope'}"
     res = check_corpus(tmp_path)
     assert res.returncode == 1 and "error: " in res.stderr and "neither train.zarr nor heldout.zarr" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_check_corpus_progress_interval(tmp_path):
+    """A line per block read at FOX_PROGRESS_SECONDS=0 (the default interval when --progress-every is not
+    given), none for a quick check at the default 10 s; a bad interval is a usage error, not a traceback."""
+    d = make_data_dir(tmp_path / "d", n_train=40)
+    env = {k: v for k, v in os.environ.items() if k != "FOX_PROGRESS_SECONDS"}
+    res = check_corpus(d, env=env)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    res = check_corpus(d, env={**env, "FOX_PROGRESS_SECONDS": "0"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = [line.split(" | ")[0] for line in res.stderr.splitlines()]
+    assert lines == ["  reading train.zarr: 40/40 rows (100%)", "  reading heldout.zarr: 4/4 rows (100%)"]
+    res = check_corpus(d, "--progress-every", 60, env={**env, "FOX_PROGRESS_SECONDS": "0"})
+    assert res.returncode == 0 and res.stderr == ""  # the flag wins over the environment
+    res = check_corpus(d, env={**env, "FOX_PROGRESS_SECONDS": "soon"})
+    assert res.returncode == 2 and "FOX_PROGRESS_SECONDS='soon': expected a number of seconds" in res.stderr
+    res = check_corpus(d, "--progress-every", -1)
+    assert res.returncode == 2 and "--progress-every must be >= 0, got -1.0" in res.stderr
     assert "Traceback" not in res.stderr

@@ -237,7 +237,7 @@ def test_crash_leaves_nothing(corpus, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr(prep, "_train_bpe", boom)
+    monkeypatch.setattr(prep, "train_bpe", boom)
     out = tmp_path / "data"
     with pytest.raises(RuntimeError, match="simulated crash"):
         ensure_prepared(out, inputs=corpus["inputs"], **KW)
