@@ -1,0 +1,254 @@
+"""PaTH attention and PaTH-FoX: a drop-in alternative to ``layers.Attention`` with the same switches.
+
+PaTH (Yang et al. 2025) encodes position by accumulating data-dependent Householder-like transforms
+``H_t = I - beta_t w_t w_t^T`` between each key and query (``ops/path_reference.py`` has the formulas); with a
+forget gate it is PaTH-FoX, which adds FoX's decay bias ``c_i - c_j``. Per token and kv head the layer computes
+
+- ``w_t``: a low-rank projection of the layer input (``d_model -> w_rank -> Hkv * D``), a causal depthwise
+  convolution of width ``conv_size`` with SiLU, then L2 normalisation per head (float32);
+- ``beta_t = 2 * sigmoid(b_proj(x_t))`` in ``(0, 2)`` (float32): beyond 1 the transform has a negative eigenvalue.
+
+Order inside the layer: project q/k/v → KV-shift → QK-norm → PaTH attention (with the forget gate's ``log f`` when
+there is one) → output norm → output gate → o_proj, as in ``Attention`` but with no RoPE: the transforms carry
+the positional information. ACP is not available (fla's kernel has no pruning).
+
+The attention runs through flash-linear-attention's ``parallel_path_attn`` (``backend="triton"``, the default on
+CUDA) or through ``path_attention_ref`` (``backend="reference"``, the default elsewhere). Decoding with a
+``PathCache`` follows fla: each new token's transform is applied to every cached key, so a new query attends to the
+cache with plain (gated) softmax attention.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..ops import forgetting_attention
+from ..ops.options import interpreting
+from ..ops.path_reference import path_attention_ref, path_transform_keys
+from .layers import Attention, ForgetGate, KVShift, RMSNorm
+
+BACKENDS = (None, "triton", "reference")
+KERNEL_HEAD_DIMS = (16, 32, 64, 128)  # parallel_path_attn's supported head dims
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def _parallel_path_attn():
+    """fla's ``parallel_path_attn``, imported once through the baselines' importer (version check, our Hugging
+    Face auto classes restored after fla registers its own FoX, the autotuner under the Triton interpreter)."""
+    from . import baselines  # here, not at the top: baselines imports the decoder, which may import this module
+
+    try:
+        baselines._import_fla()
+    except ImportError as e:
+        raise ImportError(f"PaTH's Triton backend runs fla's parallel_path_attn: {baselines.INSTALL_HINT}") from e
+    with baselines._quiet_fla():
+        from fla.ops.path_attn.parallel import parallel_path_attn
+    return parallel_path_attn
+
+
+class PathCache:
+    """What one PaTH layer carries from earlier tokens to later ones when decoding incrementally.
+
+    - ``keys`` (B, Tk, Hkv, D) float32 (float64 for a float64 model): the cached keys after QK-norm, each already
+      transformed by every later token's ``H_t``, so they are exactly what the next query attends to. Kept in
+      float32 because every decoded token rewrites all of them, and rounding to bf16 at each rewrite would
+      accumulate;
+    - ``values`` (B, Tk, Hkv, D) after KV-shift;
+    - ``log_fgate`` (B, Tk, H) fp32 (None without a forget gate);
+    - ``conv_state`` (B, conv_size - 1, Hkv * D): the last tokens' inputs to the convolution of ``w``;
+    - ``shift_state`` ``(k, v)`` each (B, 1, Hkv, D) (None without KV-shift): the last token's unshifted k, v.
+    """
+
+    def __init__(self):
+        self.keys = self.values = self.log_fgate = self.conv_state = self.shift_state = None
+
+    def get_seq_length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[1]
+
+
+class PathInputs(NamedTuple):
+    """The attention inputs of the new tokens (``PathAttention.project``) and the states the cache keeps."""
+
+    q: torch.Tensor  # (B, T, H, D)
+    k: torch.Tensor  # (B, T, Hkv, D)
+    v: torch.Tensor  # (B, T, Hkv, D)
+    w: torch.Tensor  # (B, T, Hkv, D) unit norm, float32 or wider
+    beta: torch.Tensor  # (B, T, Hkv) in (0, 2), float32 or wider
+    log_fgate: torch.Tensor | None  # (B, T, H) fp32
+    conv_state: torch.Tensor  # (B, conv_size - 1, Hkv * D)
+    shift_state: tuple | None  # unshifted (k, v) of the last token, each (B, 1, Hkv, D)
+
+
+class PathAttention(nn.Module):
+    """Multi-head causal PaTH attention (PaTH-FoX with a forget gate) with the Pro switches of ``Attention``.
+
+    ``cfg`` is the model config (``d_model``, ``fgate``, ``fgate_init``, ``qk_norm``, ``output_gate``,
+    ``output_norm``, ``kv_shift``, ``norm_eps``; ``rope`` and ``acp`` must be false). Keyword arguments:
+
+    - ``w_rank``: rank of the projection that produces ``w`` (default 32, fla's choice); None: a full
+      ``d_model x Hkv * D`` projection;
+    - ``conv_size``: width of the causal convolution over ``w`` (default 3, fla's);
+    - ``backend``: None (fla's kernel on CUDA, the reference otherwise), ``"triton"`` or ``"reference"``.
+    """
+
+    def __init__(self, cfg, head_dim: int, n_heads: int, n_kv_heads: int, *, w_rank: int | None = 32,
+                 conv_size: int = 3, backend: str | None = None):
+        super().__init__()
+        if cfg.rope:
+            raise ValueError("PaTH attention takes no RoPE (model.rope must be false): its Householder transforms "
+                             "carry the positional information")
+        if cfg.acp:
+            raise ValueError("model.acp is not available with PaTH attention: fla's kernel has no pruning")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
+        if conv_size < 1 or (w_rank is not None and w_rank < 1):
+            raise ValueError(f"conv_size and w_rank must be >= 1 (w_rank None: full rank); got {conv_size}, {w_rank}")
+        d, kv_dim = cfg.d_model, n_kv_heads * head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.conv_size, self.backend = conv_size, backend
+        self.q_proj = nn.Linear(d, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d, kv_dim, bias=False)
+        self.v_proj = nn.Linear(d, kv_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
+        # Low rank by default: a full projection would add d_model x Hkv*D parameters per layer.
+        self.w_proj = (nn.Linear(d, kv_dim, bias=False) if w_rank is None
+                       else nn.Sequential(nn.Linear(d, w_rank, bias=False), nn.Linear(w_rank, kv_dim, bias=False)))
+        self.w_conv = nn.Conv1d(kv_dim, kv_dim, conv_size, groups=kv_dim, bias=False)  # depthwise, causal by padding
+        self.b_proj = nn.Linear(d, n_kv_heads, bias=True)
+        self.fgate = None if cfg.fgate == "none" else ForgetGate(d, n_heads, cfg.fgate, cfg.fgate_init)
+        self.k_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
+        self.v_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
+        self.q_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.o_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.output_norm else None
+        self.g_proj = nn.Linear(d, n_heads * head_dim, bias=False) if cfg.output_gate else None
+
+    # Output norm → output gate → o_proj, exactly as in the FoX attention.
+    output = Attention.output
+
+    def forward(self, x: torch.Tensor, *, cache: PathCache | None = None, seq_start: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d_model) → (B, T, d_model); the keyword arguments are for inference, as in ``Attention``:
+
+        - ``cache``: this layer's ``PathCache``. Empty: the T tokens are attended in parallel and the cache is
+          filled; otherwise the new tokens are decoded one at a time against it. Either way it is extended.
+        - ``seq_start`` (B,): index, over cached + new tokens, of each row's first real token (left padding is
+          masked as keys; pad queries give 0). The parallel pass takes it on the reference backend only (fla's
+          kernel has no mask); decoding against a non-empty cache takes it on either.
+        - ``positions``: accepted for the decoder's signature and unused: without RoPE, nothing in the layer
+          depends on absolute positions.
+        """
+        past = cache.get_seq_length() if cache is not None else 0
+        inp = self.project(x, cache=cache, seq_start=seq_start)
+        if past == 0:
+            o, keys = self.attend(inp, seq_start=seq_start, return_keys=cache is not None)  # (B, T, H, D)
+            if cache is not None:
+                cache.keys, cache.values, cache.log_fgate = keys, inp.v, inp.log_fgate
+        else:
+            o = self._decode(inp, cache, seq_start)  # (B, T, H, D)
+        if cache is not None:
+            cache.conv_state, cache.shift_state = inp.conv_state, inp.shift_state
+        return self.output(x, o)
+
+    def project(self, x: torch.Tensor, *, cache: PathCache | None = None,
+                seq_start: torch.Tensor | None = None) -> PathInputs:
+        """x (B, T, d_model) → the new tokens' attention inputs (``PathInputs``); reads the cache's convolution
+        and shift states, writes nothing."""
+        B, T, _ = x.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        pad = None
+        if seq_start is not None:
+            pad = (past + torch.arange(T, device=x.device) < seq_start[:, None])[:, :, None]  # (B, T, 1) padding
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        shift_state = None
+        if self.k_shift is not None:
+            if pad is not None:  # zero the pads' unshifted k/v: the first real token mixes in x_{-1} = 0
+                k, v = k.masked_fill(pad[..., None], 0.0), v.masked_fill(pad[..., None], 0.0)
+            k_last, v_last = cache.shift_state if cache is not None and cache.shift_state is not None else (None, None)
+            shift_state = (k[:, -1:], v[:, -1:])
+            k, v = self.k_shift(x, k, k_last), self.v_shift(x, v, v_last)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        w, conv_state = self._householder_vectors(x, pad, cache.conv_state if cache is not None else None)
+        dt = torch.promote_types(x.dtype, torch.float32)  # float32 (float64 in float64 tests) as the kernel wants
+        beta = 2.0 * torch.sigmoid(self.b_proj(x).to(dt))  # (B, T, Hkv) in (0, 2)
+        log_fgate = None
+        if self.fgate is not None:
+            log_fgate = self.fgate(x)  # (B, T, H) fp32
+            if pad is not None:  # pad gates cancel out of every c_i - c_j a real query sees
+                log_fgate = log_fgate.masked_fill(pad, 0.0)
+        return PathInputs(q, k, v, w, beta, log_fgate, conv_state, shift_state)
+
+    def _householder_vectors(self, x: torch.Tensor, pad: torch.Tensor | None, conv_state: torch.Tensor | None):
+        """x (B, T, d_model) → (w (B, T, Hkv, D) unit norm per head in float32 or wider, the new conv_state
+        (B, conv_size - 1, Hkv * D)): projection, causal convolution continuing ``conv_state``, SiLU, L2 norm."""
+        B, T, _ = x.shape
+        u = self.w_proj(x)  # (B, T, Hkv * D)
+        if pad is not None:  # the first real token's convolution window sees zeros, as in an unpadded row
+            u = u.masked_fill(pad, 0.0)
+        if conv_state is None:
+            conv_state = u.new_zeros(B, self.conv_size - 1, u.shape[-1])
+        u = torch.cat([conv_state.to(u.dtype), u], dim=1)  # (B, conv_size - 1 + T, Hkv * D)
+        w = F.silu(F.conv1d(u.transpose(1, 2), self.w_conv.weight, groups=u.shape[-1]).transpose(1, 2))
+        w = w.view(B, T, self.n_kv_heads, self.head_dim).to(torch.promote_types(x.dtype, torch.float32))
+        return F.normalize(w, dim=-1), u[:, T:]  # (B, T, Hkv, D); the last conv_size - 1 inputs
+
+    def _resolve_backend(self, q: torch.Tensor) -> str:
+        backend = self.backend
+        if backend is None:
+            backend = "triton" if q.is_cuda and q.dtype in KERNEL_DTYPES else "reference"
+        if backend == "triton" and not (q.is_cuda or interpreting()):
+            raise RuntimeError("PaTH backend='triton' runs fla's Triton kernel, which needs a CUDA tensor or the "
+                               "Triton interpreter (TRITON_INTERPRET=1 set before Python starts); "
+                               "backend='reference' runs on any device")
+        return backend
+
+    def attend(self, inp: PathInputs, *, seq_start: torch.Tensor | None = None, return_keys: bool = False):
+        """PaTH attention of the new tokens among themselves → (o (B, T, H, D), keys): ``keys`` (B, T, Hkv, D)
+        float32 or wider are the keys transformed by every later transform (the cache after these tokens) when
+        ``return_keys``, else None."""
+        q, k, v, w, beta, log_fgate = inp[:6]
+        if self._resolve_backend(q) == "reference":
+            o = path_attention_ref(q, k, v, w, beta, log_fgate, seq_start=seq_start)
+            return o, path_transform_keys(k, w, beta) if return_keys else None
+        if seq_start is not None:
+            raise ValueError("PaTH's Triton backend takes no seq_start (fla's kernel has no padding mask); "
+                             "use backend='reference'")
+        if self.head_dim not in KERNEL_HEAD_DIMS or q.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"fla's PaTH kernel needs head_dim in {KERNEL_HEAD_DIMS} and q/k/v in {KERNEL_DTYPES};"
+                             f" got head_dim={self.head_dim}, {q.dtype}")
+        scale = 1.0 / math.sqrt(self.head_dim)
+        # fla scales the decay bias together with the scores, (q.k + g_i - g_j) * scale; FoX's bias is unscaled.
+        g = None if log_fgate is None else log_fgate.float() / scale
+        o, keys = _parallel_path_attn()(q, k, v, w.float(), beta.float(), g, scale=scale, use_cache=return_keys)
+        return o, None if keys is None else keys.float()
+
+    def _decode(self, inp: PathInputs, cache: PathCache, seq_start: torch.Tensor | None) -> torch.Tensor:
+        """The new tokens, one at a time, against the cache (extended in place) → o (B, T, H, D). Token t first
+        applies ``H_t = I - beta_t w_t w_t^T`` to every cached key, then attends to them and its own key with
+        plain (gated) softmax attention."""
+        keys, values, gates = cache.keys, cache.values, cache.log_fgate
+        outs = []
+        for t in range(inp.q.shape[1]):
+            w = inp.w[:, t : t + 1].to(keys.dtype)  # (B, 1, Hkv, D)
+            beta = inp.beta[:, t : t + 1, :, None].to(keys.dtype)  # (B, 1, Hkv, 1)
+            keys = keys - beta * (keys * w).sum(-1, keepdim=True) * w  # (B, Tk, Hkv, D): H_t k_j for every j < t
+            keys = torch.cat([keys, inp.k[:, t : t + 1].to(keys.dtype)], dim=1)
+            values = torch.cat([values, inp.v[:, t : t + 1]], dim=1)
+            if gates is not None:
+                gates = torch.cat([gates, inp.log_fgate[:, t : t + 1]], dim=1)  # (B, Tk, H)
+            q = inp.q[:, t : t + 1]  # (B, 1, H, D)
+            log_f = gates if gates is not None else q.new_zeros(q.shape[0], keys.shape[1], self.n_heads,
+                                                                 dtype=torch.float32)  # no gate: softmax attention
+            outs.append(forgetting_attention(q, keys.to(q.dtype), values, log_f, seq_start=seq_start))
+        cache.keys, cache.values, cache.log_fgate = keys, values, gates
+        return torch.cat(outs, dim=1)
