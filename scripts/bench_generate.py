@@ -87,16 +87,17 @@ class SdpaCache(PagedKVCache):
         pass  # no kernel tiles the blocks
 
 
-def run(model, batch: int, prompt_len: int, new_tokens: int, mode: str, block_size: int):
+def run(model, batch: int, prompt_len: int, new_tokens: int, mode: str, block_size: int, compile_step: bool):
     """One untimed call of the shape, then the timed one; returns its ``GenerationOutput``."""
     ids = torch.randint(0, model.cfg.vocab_size, (batch, prompt_len), device=model.embed.weight.device)
     cuda = ids.is_cuda
 
     def once(n):
         if mode != "sdpa":
-            return generate(model, ids, max_new_tokens=n, block_size=block_size, acp_eviction=mode == "evict")
+            return generate(model, ids, max_new_tokens=n, block_size=block_size, acp_eviction=mode == "evict",
+                            compile_step=compile_step)
         cache = SdpaCache.for_model(model, batch, prompt_len + n)
-        dec = Decoder(model, cache, Sampler(), None, 0, n, False, None)
+        dec = Decoder(model, cache, Sampler(), None, 0, n, False, None, compile_step and cuda)
         return dec.generate(ids, torch.zeros(batch, dtype=torch.long, device=ids.device), None, cuda)
 
     once(min(new_tokens, 8))
@@ -151,6 +152,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--eviction", action="store_true", help="also with ACP eviction (FoX with QK-norm)")
     p.add_argument("--sdpa-baseline", action="store_true", help="also Transformers on SDPA over a static cache")
     p.add_argument("--block-size", type=int, default=64)
+    p.add_argument("--no-compile", action="store_true", help="run the decoding step uncompiled (eager kernels)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on CUDA, fp32 on the CPU")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--override", nargs="*", default=[], help="config overrides, e.g. model.n_layers=2")
@@ -170,7 +172,7 @@ def main(argv=None) -> list[dict]:
             model = model.to(device=device, dtype=dtype).eval()
             for batch in a.batch:
                 for mode in modes(model, a):
-                    out = run(model, batch, a.prompt_len, a.new_tokens, mode, a.block_size)
+                    out = run(model, batch, a.prompt_len, a.new_tokens, mode, a.block_size, not a.no_compile)
                     rows.append({"model": name, "batch": batch, "prompt": a.prompt_len, "new": a.new_tokens,
                                  "mode": mode, **row(out, batch)})
                     print(table(rows[-1:]).splitlines()[-1], flush=True)

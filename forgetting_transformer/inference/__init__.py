@@ -5,7 +5,8 @@ from .cache import PagedKVCache
 from .eviction import evict, thresholds
 from .generate import GenerationOutput, decode_step, generate, prefill
 from .prompts import left_pad, seq_start_from_mask
+from .scoring import cached_loss
 from .sampling import Sampler
 
-__all__ = ["PagedKVCache", "GenerationOutput", "Sampler", "decode_step", "evict", "generate", "left_pad", "prefill",
+__all__ = ["PagedKVCache", "GenerationOutput", "Sampler", "cached_loss", "decode_step", "evict", "generate", "left_pad", "prefill",
            "seq_start_from_mask", "thresholds"]

@@ -22,6 +22,7 @@ a launch has fixed arguments for every step and can be captured in a CUDA graph.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import triton
@@ -273,9 +274,27 @@ def forgetting_attention_decode(
         num_splits = default_num_splits(q, block_table.shape[2], block_table.shape[1])
     if not (isinstance(num_splits, int) and num_splits >= 1):
         raise ValueError(f"num_splits must be an int >= 1; got {num_splits!r}")
-    return decode_launch(q.contiguous(), k_pool.contiguous(), v_pool.contiguous(), block_table.contiguous(),
-                         lengths.contiguous(), key_start.contiguous(), None if c_q is None else c_q.contiguous(),
-                         None if c_pool is None else c_pool.contiguous(), sm_scale, num_splits)
+    # Under torch.compile the launch is one opaque op (Inductor would re-specialise the kernels' arguments);
+    # eager calls skip the op's dispatch.
+    launch = decode_op if torch.compiler.is_compiling() else decode_launch
+    return launch(q.contiguous(), k_pool.contiguous(), v_pool.contiguous(), block_table.contiguous(),
+                  lengths.contiguous(), key_start.contiguous(), None if c_q is None else c_q.contiguous(),
+                  None if c_pool is None else c_pool.contiguous(), sm_scale, num_splits)
+
+
+@torch.library.custom_op("forgetting_transformer::fox_decode", mutates_args=())
+def decode_op(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
+    key_start: torch.Tensor, c_q: Optional[torch.Tensor], c_pool: Optional[torch.Tensor], sm_scale: float,
+    num_splits: int,
+) -> torch.Tensor:
+    """``decode_launch`` as a custom op, for traced calls."""
+    return decode_launch(q, k_pool, v_pool, block_table, lengths, key_start, c_q, c_pool, sm_scale, num_splits)
+
+
+@decode_op.register_fake
+def _(q, k_pool, v_pool, block_table, lengths, key_start, c_q, c_pool, sm_scale, num_splits):
+    return torch.empty_like(q)
 
 
 def forgetting_attention_decode_ref(q, k_pool, v_pool, block_table, lengths, key_start, *, c_q=None, c_pool=None,

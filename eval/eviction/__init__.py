@@ -1,0 +1,1 @@
+"""What ACP eviction changes on a trained model (``python -m eval.eviction.run``)."""
