@@ -3,6 +3,7 @@ without a traceback (``HYDRA_FULL_ERROR=1`` shows it, as for train.py)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -24,3 +25,31 @@ def run_cli(main, argv=None):
             raise
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (argparse names the flag in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {value}")
+    return value
+
+
+def add_generation_args(parser: argparse.ArgumentParser) -> None:
+    """The batched-generation flags of the generation-based evaluations (``eval.common.GenerationOptions``)."""
+    g = parser.add_argument_group("batched generation (greedy; the same outputs as one prompt at a time)")
+    g.add_argument("--batch-size", type=positive_int, default=8,
+                   help="prompts per generate() call, grouped by length (default 8; 1: one at a time)")
+    g.add_argument("--max-batch-tokens", type=positive_int, default=None,
+                   help="cap on a group's padded prompt tokens (prompts x its longest); default: no cap")
+    g.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="model weights (default auto: bfloat16 on CUDA, float32 elsewhere)")
+    g.add_argument("--prefill-chunk", type=positive_int, default=None,
+                   help="prompt tokens per prefill forward (default: 4096 for Transformers, the whole prompt "
+                        "for FoX)")
+    g.add_argument("--acp-eviction", action=argparse.BooleanOptionalAction, default=None,
+                   help="drop cached keys the forget gates decayed below ACP's threshold (FoX with QK-norm; "
+                        "default: the model config's acp_eviction)")

@@ -1,11 +1,14 @@
-"""One place that turns a training run directory or a Hugging Face export into model + tokenizer for evaluation.
+"""One place that turns a training run directory or a Hugging Face export into model + tokenizer for evaluation,
+and decodes prompts greedily in batches for the generation-based evaluations (NIAH, LongBench).
 
     load_run(run_dir)                   → (DecoderLM, cfg, checkpoint path)      training checkpoints
     load_model_and_tokenizer(path)      → (FoXForCausalLM, PreTrainedTokenizerFast, info)   run dir or HF dir
+    generate_texts(model, tok, prompts, max_new_tokens, GenerationOptions(...))  → one continuation per prompt
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -134,3 +137,150 @@ def check_same_tokenizer(model_path: str | Path, data_dir: str | Path) -> str | 
                          "different text. Convert the data with the model's tokenizer: scripts/prepare_corpus.py "
                          f"... --tokenizer {model_tok}")
     return a
+
+
+# --------------------------------------------------------------------------- batched greedy generation
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+TRANSFORMER_PREFILL_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """How the generation-based evaluations (NIAH, LongBench) decode; the flags of ``eval.cli.add_generation_args``.
+
+    batch_size: prompts per ``generate()`` call (``--batch-size``). max_batch_tokens: at most this many padded prompt
+    tokens per call (``--max-batch-tokens``; None: no cap). dtype: the model's weights (``--dtype``; auto: bfloat16
+    on CUDA, float32 elsewhere). prefill_chunk: prompt tokens per prefill forward (``--prefill-chunk``; None:
+    ``TRANSFORMER_PREFILL_CHUNK`` for Transformers, whose attention over a padded prompt builds a (T, T) mask per
+    row, the whole prompt for FoX, whose kernel takes the padding as an argument). acp_eviction: ``--acp-eviction``
+    (None: the model config's)."""
+
+    batch_size: int = 8
+    max_batch_tokens: int | None = None
+    dtype: str = "auto"
+    prefill_chunk: int | None = None
+    acp_eviction: bool | None = None
+
+    def __post_init__(self):
+        for name in ("batch_size", "max_batch_tokens", "prefill_chunk"):
+            value = getattr(self, name)
+            if (value is not None or name == "batch_size") and not (
+                    isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be an integer >= 1; got {value!r}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise ValueError(f"dtype (--dtype) must be auto or one of {sorted(DTYPES)}; got {self.dtype!r}")
+
+    @classmethod
+    def from_args(cls, args) -> "GenerationOptions":
+        """From the namespace of a parser that ``eval.cli.add_generation_args`` extended."""
+        return cls(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, dtype=args.dtype,
+                   prefill_chunk=args.prefill_chunk, acp_eviction=args.acp_eviction)
+
+    def torch_dtype(self, device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        return DTYPES[self.dtype]
+
+    def dtype_name(self, device) -> str:
+        """The weights' dtype on ``device`` as the result files record it (e.g. ``"bfloat16"``)."""
+        return str(self.torch_dtype(device)).removeprefix("torch.")
+
+    def chunk_for(self, lm) -> int | None:
+        """The ``prefill_chunk`` to pass to ``generate()`` for the ``DecoderLM`` ``lm``."""
+        if self.prefill_chunk is not None:
+            return self.prefill_chunk
+        return TRANSFORMER_PREFILL_CHUNK if lm.cfg.fgate == "none" else None
+
+    def check_model(self, lm) -> None:
+        """Refuse ``--acp-eviction`` for a model it cannot apply to, naming the flag (``generate()`` would raise
+        naming its own argument)."""
+        if not self.acp_eviction:
+            return
+        if lm.cfg.fgate == "none":
+            raise ValueError(f"--acp-eviction needs a forget gate to evict keys by; {lm.cfg.name} is a Transformer "
+                             f"(model.fgate=none)")
+        if not lm.cfg.qk_norm:
+            raise ValueError(f"--acp-eviction bounds attention scores by the QK-norm weights; {lm.cfg.name} has no "
+                             f"QK-norm (model.qk_norm=false)")
+
+
+def prepare_for_generation(model, options: GenerationOptions, device):
+    """The model in ``options``' dtype, after checking that the options apply to it."""
+    from forgetting_transformer.inference.generate import decoder_of
+
+    options.check_model(decoder_of(model))
+    return model.to(options.torch_dtype(device))
+
+
+def generation_groups(lengths: list[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
+    """Indices of prompts of these token ``lengths`` grouped for batched generation. Sorted longest first (similar
+    lengths pad little, and a group too large for memory fails at the start, not hours in; ties keep the input
+    order); at most ``batch_size`` prompts per group and, with ``max_batch_tokens``, at most that many padded
+    prompt tokens (prompts × the group's longest; a prompt longer than the cap runs alone)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        group = groups[-1] if groups else None
+        if group is None or len(group) == batch_size or (
+                max_batch_tokens is not None and (len(group) + 1) * lengths[group[0]] > max_batch_tokens):
+            groups.append([i])
+        else:
+            group.append(i)
+    return groups
+
+
+def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """The new tokens of one row up to and including its first eos (``generate()`` pads the rest of the row)."""
+    for n, t in enumerate(tokens):
+        if t in eos:
+            return tokens[:n + 1]
+    return tokens
+
+
+def eos_and_pad(model) -> tuple[list[int] | None, int | None]:
+    """The eos ids and pad id of the model's generation config, as one-at-a-time ``model.generate`` uses them."""
+    gc = model.generation_config
+    eos = gc.eos_token_id
+    eos = None if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return eos, gc.pad_token_id if gc.pad_token_id is not None else (eos[0] if eos else None)
+
+
+@torch.no_grad()
+def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, options: GenerationOptions, *,
+                     eos_token_id: list[int] | None = None, pad_token_id: int | None = None,
+                     on_group=None) -> list[list[int]]:
+    """Greedy continuations of ``prompts`` (token id lists), in their order: ``generation_groups`` of them run as
+    left-padded batches through ``forgetting_transformer.inference.generate``, and each row's new tokens (up to
+    and including its first eos) are put back at its prompt's index. ``on_group(n)`` is called after each group
+    of ``n`` prompts (progress)."""
+    from forgetting_transformer.inference import generate
+    from forgetting_transformer.inference.generate import decoder_of
+
+    chunk = options.chunk_for(decoder_of(model))
+    eos = set(eos_token_id or ())
+    answers: list[list[int] | None] = [None] * len(prompts)
+    for group in generation_groups([len(p) for p in prompts], options.batch_size, options.max_batch_tokens):
+        out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens, do_sample=False,
+                       eos_token_id=eos_token_id, pad_token_id=pad_token_id, acp_eviction=options.acp_eviction,
+                       prefill_chunk=chunk)
+        new = out.sequences[:, max(len(prompts[i]) for i in group):].tolist()
+        for i, row in zip(group, new):
+            answers[i] = until_eos(row, eos)
+        if on_group is not None:
+            on_group(len(group))
+    return answers
+
+
+def generate_texts(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, options: GenerationOptions, *,
+                   desc: str, unit: str, progress: bool = True) -> list[str]:
+    """``generate_batched`` with the model's eos and pad ids, decoded without special tokens (what
+    ``tokenizer.decode(model.generate(ids)[0, len(ids):], skip_special_tokens=True)`` gives one prompt at a time),
+    with a progress line counting prompts done."""
+    from forgetting_transformer.training.progress import Progress
+
+    eos, pad = eos_and_pad(model)
+    with Progress(len(prompts), desc, unit, enabled=progress) as bar:
+        new = generate_batched(model, prompts, max_new_tokens, options, eos_token_id=eos, pad_token_id=pad,
+                               on_group=bar.update)
+    return [tokenizer.decode(t, skip_special_tokens=True) for t in new]

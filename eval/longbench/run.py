@@ -5,11 +5,13 @@
 
 For each dataset: the prompt is ``config/dataset2prompt.json`` filled with the line's fields; prompts longer than
 ``--max-length`` tokens are cut in the middle (first ``max_length // 2`` and last ``max_length // 2`` tokens kept,
-as LongBench's pred.py); greedy decoding of up to ``config/dataset2maxlen.json`` new tokens. Writes
-``<out>/<dataset>.jsonl`` (one prediction per line, LongBench's fields) and ``<out>/scores.json`` (re-scorable
-without the model by ``python -m eval.longbench.run --rescore <out>``). Data: ``--data-dir`` holding
-``<dataset>.jsonl`` files in the official schema (e.g. the unzipped LongBench data.zip) or, without it, the
-``THUDM/LongBench`` dataset through the ``datasets`` package (online; datasets<4, which still runs loading scripts).
+as LongBench's pred.py); greedy decoding of up to ``config/dataset2maxlen.json`` new tokens, in left-padded batches
+of prompts of similar lengths (``--batch-size``, ``--dtype``, ...: docs/longbench.md), which gives the predictions
+of decoding each prompt alone. Writes ``<out>/<dataset>.jsonl`` (one prediction per line, LongBench's fields, in
+the data's order) and ``<out>/scores.json`` (re-scorable without the model by ``python -m eval.longbench.run
+--rescore <out>``). Data: ``--data-dir`` holding ``<dataset>.jsonl`` files in the official schema (e.g. the
+unzipped LongBench data.zip) or, without it, the ``THUDM/LongBench`` dataset through the ``datasets`` package
+(online; datasets<4, which still runs loading scripts).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import argparse
 import json
 import os
 from pathlib import Path
+
+from eval.cli import add_generation_args
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 
@@ -103,19 +107,6 @@ def load_data(dataset: str, data_dir: str | Path | None = None) -> list[dict]:
     return [dict(x) for x in data]
 
 
-def generate_one(model, tokenizer, ids: list[int], max_new_tokens: int, device) -> str:
-    import torch
-
-    input_ids = torch.tensor([ids], dtype=torch.long, device=device)
-    attention_mask = torch.ones_like(input_ids)
-    autocast = torch.autocast(device_type="cuda", dtype=torch.bfloat16) if input_ids.device.type == "cuda" \
-        else torch.autocast(device_type="cpu", enabled=False)
-    with torch.no_grad(), autocast:
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                             do_sample=False, num_beams=1)
-    return tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True)
-
-
 def read_predictions(path: str | Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -129,18 +120,22 @@ def score_predictions(dataset: str, rows: list[dict], mode: str = "paper") -> fl
 
 
 def predict_dataset(model, tokenizer, dataset: str, data: list[dict], out_file: Path, *, max_length: int,
-                    max_new_tokens: int, template: str, device, truncation: str = "ids", progress: bool = True):
-    from forgetting_transformer.training.progress import progress as counted
+                    max_new_tokens: int, template: str, generation: GenerationOptions, truncation: str = "ids",
+                    progress: bool = True):
+    """Predict every line of ``dataset`` and write ``out_file``: the prompts are encoded first, then decoded
+    greedily in batches of similar lengths (``eval.common.generate_texts``), and the rows written in the data's
+    order."""
+    from eval.common import generate_texts
 
+    ids = [encode_prompt(tokenizer, build_prompt(template, example), max_length, truncation) for example in data]
+    preds = generate_texts(model, tokenizer, ids, max_new_tokens, generation, desc=f"LongBench {dataset}",
+                           unit="example", progress=progress)
     tmp = out_file.with_suffix(".jsonl.partial")
     with open(tmp, "w", encoding="utf-8") as f:
-        for example in counted(data, f"LongBench {dataset}", "example", enabled=progress):
-            ids = encode_prompt(tokenizer, build_prompt(template, example), max_length, truncation)
-            pred = generate_one(model, tokenizer, ids, max_new_tokens, device)
+        for example, prompt, pred in zip(data, ids, preds):
             row = {"pred": pred, "answers": example["answers"], "all_classes": example.get("all_classes"),
-                   "length": example.get("length"), "_id": example.get("_id"), "prompt_tokens": len(ids)}
+                   "length": example.get("length"), "_id": example.get("_id"), "prompt_tokens": len(prompt)}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            f.flush()
     os.replace(tmp, out_file)  # complete files only: a crash leaves a .partial that the next run redoes
 
 
@@ -161,9 +156,13 @@ def write_scores(out_dir: Path, meta: dict, mode: str) -> dict:
 def evaluate(model_path, out_dir, *, datasets=None, data_dir=None, max_length: int = 15500, limit: int | None = None,
              device: str = "cpu", step: int | None = None, tokenizer: str | None = None, name: str | None = None,
              postprocess: str = "paper", truncation: str = "ids", overwrite: bool = False,
-             max_new_tokens: int | None = None, progress: bool = True) -> dict:
-    from eval.common import load_model_and_tokenizer
+             max_new_tokens: int | None = None, progress: bool = True,
+             generation: GenerationOptions | None = None) -> dict:
+    """Predict and score ``datasets`` with one model; ``generation``: batch size, dtype, ... of the greedy
+    decoding (``eval.common.GenerationOptions``)."""
+    from eval.common import GenerationOptions, load_model_and_tokenizer, prepare_for_generation
 
+    generation = generation or GenerationOptions()
     datasets = list(datasets or TABLE2_DATASETS)
     prompts, maxlens = load_configs()
     unknown = [d for d in datasets if d not in prompts or d not in maxlens]
@@ -171,6 +170,7 @@ def evaluate(model_path, out_dir, *, datasets=None, data_dir=None, max_length: i
         raise ValueError(f"unknown LongBench datasets {unknown}; English ones: {ENGLISH_DATASETS}")
     data = {d: load_data(d, data_dir)[:limit] for d in datasets}  # fail on missing data before loading the model
     model, tok, info = load_model_and_tokenizer(model_path, step=step, tokenizer=tokenizer, device=device)
+    model = prepare_for_generation(model, generation, device)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for d in datasets:
@@ -180,10 +180,12 @@ def evaluate(model_path, out_dir, *, datasets=None, data_dir=None, max_length: i
             continue
         new_tokens = maxlens[d] if max_new_tokens is None else min(maxlens[d], max_new_tokens)
         predict_dataset(model, tok, d, data[d], out_file, max_length=max_length, max_new_tokens=new_tokens,
-                        template=prompts[d], device=device, truncation=truncation, progress=progress)
+                        template=prompts[d], generation=generation, truncation=truncation, progress=progress)
     meta = {"name": name or f"{info['name']} ({Path(model_path).name})", "model": str(model_path),
             "source": info.get("source"), "train_len": info.get("train_len"), "max_length": max_length,
-            "truncation": truncation, "limit": limit, "max_new_tokens_cap": max_new_tokens, "data": str(data_dir) if data_dir else "THUDM/LongBench"}
+            "truncation": truncation, "limit": limit, "max_new_tokens_cap": max_new_tokens,
+            "dtype": generation.dtype_name(device),
+            "data": str(data_dir) if data_dir else "THUDM/LongBench"}
     result = write_scores(out_dir, meta, postprocess)
     for d in datasets:
         print(f"{d}: {result['scores'][d]:.2f} ({result['n'][d]} examples)")
@@ -225,6 +227,7 @@ def main(argv=None) -> None:
     p.add_argument("--rescore", action="store_true", help="only recompute scores.json from --out's predictions")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--device", default=None, help="default: cuda if available")
+    add_generation_args(p)
     a = p.parse_args(argv)
     if a.rescore:
         res = rescore(a.out, a.postprocess)
@@ -232,6 +235,8 @@ def main(argv=None) -> None:
         return
     if a.model is None:
         p.error("MODEL_OR_RUN_DIR is required (unless --rescore)")
+    from eval.common import GenerationOptions
+
     if a.device is None:
         import torch
 
@@ -239,7 +244,7 @@ def main(argv=None) -> None:
     evaluate(a.model, a.out, datasets=a.datasets, data_dir=a.data_dir, max_length=a.max_length, limit=a.limit,
              device=a.device, step=a.step, tokenizer=a.tokenizer, name=a.name, postprocess=a.postprocess,
              truncation=a.truncation, overwrite=a.overwrite, max_new_tokens=a.max_new_tokens,
-             progress=not a.no_progress)
+             progress=not a.no_progress, generation=GenerationOptions.from_args(a))
 
 
 if __name__ == "__main__":

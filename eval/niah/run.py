@@ -2,7 +2,8 @@
 
     python -m eval.niah.run RUN_OR_HF_DIR [...] --out results/niah [--mode standard|easy]
         [--lengths 1k,2k,4k,8k,16k,32k] [--depths 0,10,...,100] [--haystack DIR_OR_FILE]
-        [--max-new-tokens 32] [--judge MODULE:FUNC] [--device cuda]
+        [--max-new-tokens 32] [--judge MODULE:FUNC] [--device cuda] [--batch-size 8] [--max-batch-tokens N]
+        [--dtype auto|float32|bfloat16] [--prefill-chunk N] [--acp-eviction]
 
 Protocol (FoX, Lin et al. 2025, after gkamradt/LLMTest_NeedleInAHaystack and THUDM LongAlign). For each context
 length L and depth d (percent) one prompt of exactly L tokens (bos included) is built, token by token:
@@ -23,7 +24,9 @@ length L and depth d (percent) one prompt of exactly L tokens (bos included) is 
      Francisco? Answer: The best thing to do in San Francisco is"
 
 The prompt is fed as token ids, so its length is exact; decoding it and re-tokenizing gives the same length up to
-a few merges at the segment boundaries. Generation is greedy (``max_new_tokens``, default 32, stops at eos).
+a few merges at the segment boundaries. Generation is greedy (``max_new_tokens``, default 32, stops at eos). All
+prompts are built first and decoded in left-padded batches of similar lengths (``--batch-size``; see
+docs/niah.md), which gives the predictions of decoding each prompt alone.
 
 Score (deterministic, 1-10): recall r of the key words of the needle's answer phrase ("eat a sandwich and sit in
 Dolores Park on a sunny day" without the stop words a/and/in/on: eat, sandwich, sit, dolores, park, sunny, day)
@@ -44,6 +47,9 @@ import re
 from pathlib import Path
 
 import torch
+
+from eval.cli import add_generation_args
+from eval.common import GenerationOptions, generate_texts, load_model_and_tokenizer, prepare_for_generation
 
 NEEDLE_ANSWER = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 QUESTION = "What is the best thing to do in San Francisco?"
@@ -197,33 +203,29 @@ def parse_depths(s: str) -> list[float]:
     return [int(v) if v.is_integer() else v for v in vals]
 
 
-@torch.no_grad()
-def generate(model, tokenizer, input_ids: list[int], max_new_tokens: int, device) -> str:
-    x = torch.tensor([input_ids], device=device)
-    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                         do_sample=False, num_beams=1)
-    return tokenizer.decode(out[0, x.shape[1]:], skip_special_tokens=True).strip()
-
-
 def evaluate_model(path, out_dir, *, mode: str = "standard", lengths=DEFAULT_LENGTHS, depths=DEFAULT_DEPTHS,
                    haystack: str | None = None, max_new_tokens: int = 32, judge: str | None = None,
                    device: str = "cpu", step: int | None = None, tokenizer: str | None = None,
-                   name: str | None = None, progress: bool = True) -> Path:
-    from eval.common import load_model_and_tokenizer
-    from forgetting_transformer.training.progress import progress as counted
-
+                   name: str | None = None, progress: bool = True,
+                   generation: GenerationOptions | None = None) -> Path:
+    """Score every (length, depth) cell of one model and write its JSON file. All prompts are built first, then
+    decoded greedily in batches of similar lengths (``eval.common.generate_texts``; ``generation``: batch size,
+    dtype, ...), which gives what decoding each prompt alone gives."""
+    generation = generation or GenerationOptions()
     judge_fn = load_judge(judge)
     model, tok, info = load_model_and_tokenizer(path, step=step, tokenizer=tokenizer, device=device)
+    model = prepare_for_generation(model, generation, device)
     builder = PromptBuilder(tok, read_haystack(haystack), mode)
     name = name or f"{info['name']} ({Path(path).resolve().name})"
-    results = []
     cells = [(L, d) for L in lengths for d in depths]
-    for L, d in counted(cells, f"NIAH {mode} {Path(path).name}", "cell", enabled=progress):
-        p = builder.build(L, d)
-        ids = p["input_ids"]
-        pred = generate(model, tok, ids, max_new_tokens, device)
+    prompts = [builder.build(L, d) for L, d in cells]
+    preds = generate_texts(model, tok, [p["input_ids"] for p in prompts], max_new_tokens, generation,
+                           desc=f"NIAH {mode} {Path(path).name}", unit="cell", progress=progress)
+    results = []
+    for (L, d), p, pred in zip(cells, prompts, preds):
+        pred = pred.strip()
         r = recall(pred)
-        entry = {"length": L, "depth": d, "prompt_tokens": len(ids), "needle_start": p["needle_start"],
+        entry = {"length": L, "depth": d, "prompt_tokens": len(p["input_ids"]), "needle_start": p["needle_start"],
                  "needle_depth": (p["needle_start"] - len(builder.prefix)) / p["haystack_tokens"],
                  "recall": r, "recall_score": 1.0 + 9.0 * r, "prediction": pred}
         entry["score"] = judge_score(judge_fn, pred, mode) if judge_fn else entry["recall_score"]
@@ -235,7 +237,8 @@ def evaluate_model(path, out_dir, *, mode: str = "standard", lengths=DEFAULT_LEN
         "name": name, "mode": mode, "source": info["source"], "train_len": info["train_len"],
         "haystack": str(haystack) if haystack else "embedded:gutenberg_sample", "needle": NEEDLES[mode],
         "prompt_suffix": PROMPT_SUFFIX, "key_words": list(KEY_WORDS), "max_new_tokens": max_new_tokens,
-        "judge": judge, "mean_score": mean, "results": results}, indent=1))
+        "dtype": generation.dtype_name(device), "judge": judge, "mean_score": mean, "results": results},
+        indent=1))
     print(f"{name} [{mode}]: mean score {mean:.2f} over {len(results)} cells → {out}")
     return out
 
@@ -257,10 +260,12 @@ def main(argv=None) -> None:
     p.add_argument("--step", type=int, default=None, help="checkpoint step of a run dir (default: latest)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or HF tokenizer dir (default: the model's)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_generation_args(p)
     a = p.parse_args(argv)
+    generation = GenerationOptions.from_args(a)
     files = [evaluate_model(m, a.out, mode=a.mode, lengths=a.lengths, depths=a.depths, haystack=a.haystack,
                             max_new_tokens=a.max_new_tokens, judge=a.judge, device=a.device, step=a.step,
-                            tokenizer=a.tokenizer) for m in a.models]
+                            tokenizer=a.tokenizer, generation=generation) for m in a.models]
     from eval.niah.plot import plot_niah
 
     print(plot_niah(files, Path(a.out) / f"niah_{a.mode}.png"))

@@ -1,5 +1,5 @@
 """eval.longbench: LongBench metrics (hand-computed and known values), prompts, middle truncation, run.py end to end
-on a real (untrained) run, and the Table 2 layout."""
+on a real (untrained) run, batched predictions against one prompt at a time, and the Table 2 layout."""
 
 import json
 from pathlib import Path
@@ -176,6 +176,7 @@ def test_run_end_to_end_on_a_tiny_run(tiny_text_run, tmp_path, capsys, monkeypat
     assert set(res["scores"]) == {"multi_news", "hotpotqa", "trec"} and res["n"] == dict.fromkeys(res["scores"], 2)
     assert res["max_length"] == 512 and res["limit"] == 2 and res["postprocess"] == "paper"
     assert res["train_len"] == 256 and "run" in res["name"] and res["max_new_tokens_cap"] == 4
+    assert res["dtype"] == "float32"  # auto on the CPU
     for d in res["scores"]:
         rows = run.read_predictions(out / f"{d}.jsonl")
         data = _lines(d)[:2]
@@ -195,6 +196,48 @@ def test_run_end_to_end_on_a_tiny_run(tiny_text_run, tmp_path, capsys, monkeypat
     # table from the scores file
     md = table.markdown(table.load_scores([out]))
     assert "MultiNews" in md and "HotpotQA" in md and "TREC" in md
+
+
+def test_batched_predictions_equal_one_at_a_time(tiny_text_run, tmp_path):
+    import torch
+
+    from eval.common import load_model_and_tokenizer
+
+    datasets = ["hotpotqa", "trec", "multi_news"]  # prompts of different lengths (multi_news cut to 512)
+    outs = {}
+    for bs in (1, 2):  # 2: groups of the two longest prompts, then the shortest
+        outs[bs] = tmp_path / f"bs{bs}"
+        run.main([str(tiny_text_run), "--out", str(outs[bs]), "--data-dir", str(FIXTURES), "--datasets", *datasets,
+                  "--max-length", "512", "--max-new-tokens", "6", "--device", "cpu", "--no-progress",
+                  "--batch-size", str(bs)])
+    for d in datasets:
+        files = {bs: (out / f"{d}.jsonl").read_text(encoding="utf-8") for bs, out in outs.items()}
+        assert files[1] == files[2], d  # byte for byte, whatever the batch size
+    assert len({(out / "scores.json").read_text() for out in outs.values()}) == 1
+    # every saved prediction is transformers' own greedy generate() on that example's prompt alone
+    model, tok, _ = load_model_and_tokenizer(tiny_text_run)
+    prompts, _ = run.load_configs()
+    for d in datasets:
+        rows = run.read_predictions(outs[2] / f"{d}.jsonl")
+        assert [r["_id"] for r in rows] == [x["_id"] for x in _lines(d)]
+        for row, example in zip(rows, _lines(d)):
+            ids = run.encode_prompt(tok, run.build_prompt(prompts[d], example), 512)
+            x = torch.tensor([ids])
+            with torch.no_grad():
+                new = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=6,
+                                     do_sample=False, num_beams=1)[0, len(ids):]
+            assert row["pred"] == tok.decode(new.tolist(), skip_special_tokens=True), (d, row["_id"])
+            assert row["prompt_tokens"] == len(ids)
+
+
+def test_bad_generation_flags_are_clear_errors(tmp_path, capsys):
+    for flag, value in (("--batch-size", "0"), ("--batch-size", "-2"), ("--max-batch-tokens", "0"),
+                        ("--prefill-chunk", "x")):
+        with pytest.raises(SystemExit) as exit_info:
+            run.main(["some_run", "--out", str(tmp_path), flag, value])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}:" in err and "integer >= 1" in err and "Traceback" not in err
 
 
 def test_missing_data_is_a_clear_error(tmp_path):

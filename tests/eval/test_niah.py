@@ -1,4 +1,5 @@
-"""eval.niah: prompt construction, scoring, judge hook, CLI end to end on a real (tiny) run, re-plotting."""
+"""eval.niah: prompt construction, scoring, judge hook, CLI end to end on a real (tiny) run, re-plotting; the batched
+greedy generation both NIAH and LongBench use (eval.common) against decoding each prompt alone."""
 
 import json
 import textwrap
@@ -7,8 +8,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from eval.common import load_model_and_tokenizer, run_tokenizer
+from eval.common import (GenerationOptions, generate_batched, generation_groups, load_model_and_tokenizer,
+                         run_tokenizer)
 from eval.niah import plot, run
+from tests.inference.inference_models import LOCAL, VARIANTS, tiny
 
 SENTENCES = [f"Sentence number {i} says that the {['red', 'green', 'blue'][i % 3]} fox jumps {i % 5} times."
              for i in range(400)]
@@ -130,12 +133,13 @@ def test_judge_hook_replaces_scores(tiny_text_run, tmp_path, monkeypatch):
 
 
 def test_cli_end_to_end_and_replot(tiny_text_run, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")  # a progress line per cell
+    monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")  # a progress line per batch of cells
     out = tmp_path / "niah"
     run.main([str(tiny_text_run), "--out", str(out), "--mode", "easy", "--lengths", "256,512", "--depths", "0,100",
-              "--max-new-tokens", "8", "--device", "cpu"])
+              "--max-new-tokens", "8", "--device", "cpu", "--batch-size", "3"])
     res = json.loads((out / "run_easy.json").read_text())
     assert res["mode"] == "easy" and res["train_len"] == 256 and res["name"].startswith("fox_pro")
+    assert res["dtype"] == "float32"  # auto on the CPU
     cells = [(e["length"], e["depth"]) for e in res["results"]]
     assert cells == [(256, 0), (256, 100), (512, 0), (512, 100)]
     for e in res["results"]:
@@ -164,4 +168,142 @@ def test_cli_end_to_end_and_replot(tiny_text_run, tmp_path, capsys, monkeypatch)
     assert lengths == [256, 512] and depths == [0, 100] and grid.shape == (2, 2)
     printed = capsys.readouterr()
     assert "mean score" in printed.out
-    assert "NIAH easy run: 1/4 cell (25%) | " in printed.err and "NIAH easy run: 4/4 cell (100%) | " in printed.err
+    # the progress counts prompts: the 3 longest as one batch, then the last one
+    assert "NIAH easy run: 3/4 cell (75%) | " in printed.err and "NIAH easy run: 4/4 cell (100%) | " in printed.err
+    assert "1/4 cell" not in printed.err
+
+
+def one_at_a_time(model, ids, max_new_tokens):
+    """transformers' own generate() (FoXCache, no padding) on one prompt: a reference independent of the static
+    cache."""
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                             do_sample=False, num_beams=1)
+    return out[0, len(ids):].tolist()
+
+
+def test_batched_cells_equal_one_at_a_time(tiny_text_run, tmp_path, hay_dir):
+    lengths, depths = [200, 256, 300], [0, 100]
+    kw = dict(lengths=lengths, depths=depths, haystack=str(hay_dir), max_new_tokens=8, progress=False)
+    files = {bs: run.evaluate_model(tiny_text_run, tmp_path / f"bs{bs}", generation=GenerationOptions(batch_size=bs),
+                                    **kw) for bs in (1, 4, 16)}
+    texts = {bs: f.read_text() for bs, f in files.items()}
+    assert texts[1] == texts[4] == texts[16]  # the whole result file, whatever the batch size
+    res = json.loads(texts[4])
+    assert [(e["length"], e["depth"]) for e in res["results"]] == [(L, d) for L in lengths for d in depths]
+    # each cell's prediction is the greedy continuation of its own prompt, decoded alone without padding
+    model, tok, _ = load_model_and_tokenizer(tiny_text_run)
+    b = run.PromptBuilder(tok, run.read_haystack(hay_dir), "standard")
+    for e in res["results"]:
+        new = one_at_a_time(model, b.build(e["length"], e["depth"])["input_ids"], 8)
+        assert e["prediction"] == tok.decode(new, skip_special_tokens=True).strip(), (e["length"], e["depth"])
+    # (this barely trained model answers every cell alike; test_generate_batched_equals_greedy_decoding_alone
+    # checks on prompts with distinct answers that each lands at its own index)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_bad_batch_size_is_a_clear_error(value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run.main(["some_run", "--out", str(tmp_path), "--batch-size", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --batch-size:" in err and "integer >= 1" in err and "Traceback" not in err
+    with pytest.raises(ValueError, match=r"batch_size \(--batch-size\) must be an integer >= 1; got 0"):
+        GenerationOptions(batch_size=0)
+    with pytest.raises(ValueError, match="--prefill-chunk"):
+        GenerationOptions(prefill_chunk=-1)
+
+
+# --------------------------------------------------------------------------- batched generation (eval.common)
+
+
+def test_generation_groups_cover_every_prompt_longest_first():
+    lengths = [5, 9, 2, 9, 7, 1, 9, 3]
+    groups = generation_groups(lengths, batch_size=3)
+    assert groups == [[1, 3, 6], [4, 0, 7], [2, 5]]  # by length, ties in input order
+    assert generation_groups(lengths, batch_size=1) == [[i] for i in (1, 3, 6, 4, 0, 7, 2, 5)]
+    # at most 20 padded prompt tokens: 9 + 9 (a third 9 would make 27), 9 + 7 (padded to 18), 5 + 3 + 2 + 1 (20)
+    capped = generation_groups(lengths, batch_size=8, max_batch_tokens=20)
+    assert capped == [[1, 3], [6, 4], [0, 7, 2, 5]]
+    assert all(len(g) * lengths[g[0]] <= 20 for g in capped)
+    assert generation_groups([30, 4], batch_size=8, max_batch_tokens=20) == [[0], [1]]  # too long: alone
+    assert generation_groups([], batch_size=8) == []
+
+
+def tiny_lm(variant: str):
+    """A tiny DecoderLM of tests/inference in float32 (peaked next-token distributions: no greedy choice is a near
+    tie that rounding could flip)."""
+    return tiny(VARIANTS[variant], dtype=torch.float32)
+
+
+def greedy_alone(model, prompt, steps, eos):
+    """Full forward (no cache, no padding) on the growing sequence, argmax, up to and including eos."""
+    ids, new = torch.tensor([prompt]), []
+    with torch.no_grad():
+        for _ in range(steps):
+            nxt = int(model(ids)[0, -1].argmax())
+            new.append(nxt)
+            if nxt == eos:
+                break
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return new
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("variant, options", [
+    ("fox_pro", dict(batch_size=3)),
+    ("fox_llama", dict(batch_size=8, max_batch_tokens=40)),
+    # prefill_chunk 4 < the left padding of the short rows: whole chunks of padding
+    ("transformer_pro_gqa", dict(batch_size=4, prefill_chunk=4)),
+    ("transformer_llama", dict(batch_size=1)),
+])
+def test_generate_batched_equals_greedy_decoding_alone(variant, options):
+    model = tiny_lm(variant)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (3, 17, 9, 12, 5, 17, 2, 11)]
+    eos = greedy_alone(model, prompts[2], 3, None)[2]  # a row ends by its third new token, others run on
+    want = [greedy_alone(model, p, 12, eos) for p in prompts]
+    assert len(want[2]) <= 3 and max(len(w) for w in want) == 12 and len({tuple(w) for w in want}) == len(prompts)
+    got = generate_batched(model, prompts, 12, GenerationOptions(**options), eos_token_id=[eos], pad_token_id=0)
+    assert got == want
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_generate_batched_passes_acp_eviction_on(monkeypatch):
+    import forgetting_transformer.inference as inference
+
+    stats, generate = [], inference.generate
+
+    def spy(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        stats.append(out.stats)
+        return out
+
+    monkeypatch.setattr(inference, "generate", spy)
+    model = tiny(LOCAL, dtype=torch.float32)  # forget gates that decay within a few tokens
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (80, 45, 70, 20, 60)]
+    got = generate_batched(model, prompts, 40, GenerationOptions(batch_size=3, acp_eviction=True))
+    # dropping keys that carry at most acp_eps of any row's attention mass leaves these greedy choices unchanged
+    assert got == [greedy_alone(model, p, 40, None) for p in prompts]
+    assert len(stats) == 2 and all(s["acp_eviction"] and (s["kept_fraction"] < 1).all() for s in stats)  # dropped
+
+
+def test_options_dtype_chunk_and_eviction_checks():
+    fox, transformer, llama = tiny_lm("fox_pro"), tiny_lm("transformer_llama"), tiny_lm("fox_llama")
+    auto = GenerationOptions()
+    assert auto.torch_dtype("cuda") == torch.bfloat16 and auto.torch_dtype("cpu") == torch.float32
+    assert GenerationOptions(dtype="float32").torch_dtype("cuda") == torch.float32
+    assert GenerationOptions(dtype="bfloat16").dtype_name("cpu") == "bfloat16"
+    with pytest.raises(ValueError, match="--dtype"):
+        GenerationOptions(dtype="float64")
+    assert auto.chunk_for(transformer) == 4096 and auto.chunk_for(fox) is None
+    assert GenerationOptions(prefill_chunk=512).chunk_for(fox) == 512
+    evicting = GenerationOptions(acp_eviction=True)
+    evicting.check_model(fox)
+    with pytest.raises(ValueError, match="--acp-eviction needs a forget gate"):
+        evicting.check_model(transformer)
+    with pytest.raises(ValueError, match="--acp-eviction .* no QK-norm"):
+        evicting.check_model(llama)
+    auto.check_model(llama)
