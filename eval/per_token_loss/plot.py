@@ -1,71 +1,17 @@
 """Plot per-token loss L(i) curves from the JSON files ``run.py`` (or train.py) writes; no model needed.
 
     python -m eval.per_token_loss.plot RESULT.json [RESULT.json ...] --out per_token_loss.png [--window 101]
+
+The plot and its averages live in ``forgetting_transformer.plotting``, which training uses too.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-import numpy as np
+from forgetting_transformer.plotting import cumulative_average, moving_average, plot_per_token_loss
 
-from eval.plotting import plt, save_figure
-
-
-def moving_average(x: np.ndarray, window: int) -> np.ndarray:
-    """Centred moving average; near the ends the window shrinks symmetrically to what is available."""
-    if window < 1 or window % 2 == 0:
-        raise ValueError(f"window={window}: must be odd and >= 1")
-    x = np.asarray(x, dtype=np.float64)
-    half = window // 2
-    csum = np.concatenate([[0.0], np.cumsum(x)])
-    i = np.arange(len(x))
-    h = np.minimum(half, np.minimum(i, len(x) - 1 - i))  # symmetric half-width that fits at position i
-    return (csum[i + h + 1] - csum[i - h]) / (2 * h + 1)
-
-
-def cumulative_average(x: np.ndarray) -> np.ndarray:
-    """L_cum(l) = (1/l) sum_{i<=l} L(i): the average loss over a context of length l (what perplexity at
-    length l reports, and why its slope can mislead: early positions dominate it)."""
-    x = np.asarray(x, dtype=np.float64)
-    return np.cumsum(x) / np.arange(1, len(x) + 1)
-
-
-def plot_per_token_loss(result_files, out_png, *, window: int = 101, logx: bool = False,
-                        labels: list[str] | None = None) -> Path:
-    """Left: the smoothed L(i) of several results overlaid; right: their cumulative averages. A dashed line marks
-    each model's training length. ``labels`` (one per file) replace the files' names in the legend."""
-    if labels is not None and len(labels) != len(result_files):
-        raise ValueError(f"{len(labels)} labels for {len(result_files)} result files")
-    fig, (ax, ax_cum) = plt.subplots(1, 2, figsize=(12, 4.5))
-    train_lens = set()
-    for i, path in enumerate(result_files):
-        res = json.loads(Path(path).read_text())
-        name = labels[i] if labels is not None else res["name"]
-        loss = np.asarray(res["loss"])
-        pos = np.arange(1, len(loss) + 1)
-        line, = ax.plot(pos, moving_average(loss, window), label=name, linewidth=1.5)
-        ax_cum.plot(pos, cumulative_average(loss), label=name, linewidth=1.5, color=line.get_color())
-        if res["train_len"] is not None:  # unknown for Hugging Face exports
-            train_lens.add(res["train_len"])
-    for a in (ax, ax_cum):
-        for t in sorted(train_lens):
-            a.axvline(t, color="gray", linestyle="--", linewidth=1)
-            a.annotate(f"train len {t}", (t, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
-                       textcoords="offset points", fontsize=8, color="gray")
-        if logx:
-            a.set_xscale("log")
-        a.set_xlabel("token position i" if a is ax else "context length l")
-        a.grid(alpha=0.3)
-        a.legend()
-    ax.set_ylabel(f"loss L(i) (nats, moving average {window})")
-    ax.set_title("Per-token loss on held-out data")
-    ax_cum.set_ylabel("cumulative average loss (nats)")
-    ax_cum.set_title("Average loss over the first l tokens")
-    fig.tight_layout()
-    return save_figure(fig, out_png, dpi=120)
+__all__ = ["cumulative_average", "moving_average", "plot_per_token_loss", "main"]
 
 
 def main(argv=None) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from eval.per_token_loss.plot import cumulative_average, moving_average
+from forgetting_transformer.plotting import cumulative_average, moving_average
 from forgetting_transformer.training.metrics import (MetricsLogger, attention_context, flops_per_token, matmul_params,
                                                      peak_flops)
 from forgetting_transformer.training.optim import build_optimizer, decay_split
