@@ -21,11 +21,12 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later"
 
 
 class Preempted(Exception):
-    """A preemption signal stops the run (after its checkpoint is written); ``when`` says where it stopped."""
+    """A preemption signal stops the run (after its checkpoint is written); ``when`` says where it stopped, ``flag``
+    is the ``PreemptionFlag`` that caught the signal (it hands the job over once the run has ended)."""
 
-    def __init__(self, when: str):
+    def __init__(self, when: str, flag: "PreemptionFlag"):
         super().__init__(when)
-        self.when = when
+        self.when, self.flag = when, flag
 
 
 class PreemptionFlag:
@@ -58,7 +59,7 @@ class PreemptionFlag:
     def raise_if_stopping(self, device: torch.device) -> None:
         """Raise Preempted on every rank if any rank got a signal."""
         if self.should_stop(device):
-            raise Preempted("during a loop")
+            raise Preempted("during a loop", self)
 
     def hand_over(self) -> None:
         """Call, once the checkpoint is written, the handler deferred for the received signal (submitit's: it

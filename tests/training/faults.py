@@ -141,11 +141,10 @@ def _die(plan: Plan, path):
 
 def plant_sigterm(fault: dict) -> None:
     """SIGTERM this process just before the ``at``-th evaluation (or training) forward pass: both loops enter
-    ``autocast_context`` once per batch (evaluation through its own module, training through train.py's)."""
-    import train
-    from forgetting_transformer.training import evaluate
+    ``autocast_context`` once per batch (evaluation through its own module, training through training/loop.py's)."""
+    from forgetting_transformer.training import evaluate, loop
 
-    owner = evaluate if fault["where"] == "eval" else train
+    owner = evaluate if fault["where"] == "eval" else loop
     real, count = owner.autocast_context, [0]
 
     def counted(*args, **kwargs):
