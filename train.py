@@ -17,7 +17,7 @@ import hydra
 
 from forgetting_transformer.config import register_configs
 from forgetting_transformer.training.loop import build, evaluate, train
-from forgetting_transformer.training.run import RunContext, run
+from forgetting_transformer.training.run import RunContext, one_line_config_errors, run
 
 register_configs()
 
@@ -37,4 +37,5 @@ def pretrain(cfg, ctx: RunContext) -> None:
 
 
 if __name__ == "__main__":
+    one_line_config_errors()
     main()

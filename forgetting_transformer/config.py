@@ -1,22 +1,64 @@
 """The typed config tree: dataclass schemas (registered in Hydra's ConfigStore) and value validation.
 
 YAML files under ``configs/`` hold values; these schemas hold types and defaults. Required keys are ``MISSING``
-(Hydra fails naming them), unknown keys fail in Hydra's struct mode, and ``validate`` rejects bad values with a
-message naming the key. Nothing here imports torch, so configs load fast and models stay importable without Hydra.
+(Hydra fails naming them), unknown keys fail in Hydra's struct mode, a key with a fixed set of values is an Enum
+(Hydra rejects any other value), and ``validate`` rejects the remaining bad values with a message naming the key.
+
+The model schemas are two: ``DecoderConfig`` (FoX, the Transformer) and ``FlaConfig`` (the fla baselines), each
+holding only the keys its models read; ``configs/model/*.yaml`` extend one of them. This module imports neither
+torch nor the models (``tests/training/test_config.py`` checks that the architectures named here are those of
+``models.MODEL_REGISTRY``), so configs load fast and the models need no Hydra.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Optional
 
 from omegaconf import MISSING
 
 
+class Fgate(StrEnum):
+    """``model.fgate``: the decoder's forget gate."""
+
+    data_dependent = "data_dependent"  # f = sigmoid(w_f x + b_f): FoX
+    data_independent = "data_independent"  # f = sigmoid(b_f), b_f trained (from model.fgate_init)
+    fixed = "fixed"  # f = sigmoid(b_f), b_f frozen at model.fgate_init: ALiBi
+    none = "none"  # no forget gate: the softmax Transformer
+
+
+class DecoderArch(StrEnum):
+    """``model.arch`` of the decoder schema (forgetting_transformer.models.MODEL_REGISTRY)."""
+
+    decoder = "decoder"
+
+
+class FlaArch(StrEnum):
+    """``model.arch`` of the fla baselines' schema (forgetting_transformer.models.MODEL_REGISTRY)."""
+
+    fla_mamba2 = "fla_mamba2"
+    fla_deltanet = "fla_deltanet"
+    fla_hgrn2 = "fla_hgrn2"
+    fla_samba = "fla_samba"
+    fla_swa = "fla_swa"
+
+
+class SsdKernel(StrEnum):
+    """``model.ssd_kernel``: fla's kernels of Mamba-2's scan (auto: gla on Hopper GPUs, where fla's simple_gla
+    backward is wrong or crashes; simple_gla elsewhere; docs/baselines.md)."""
+
+    auto = "auto"
+    simple_gla = "simple_gla"
+    gla = "gla"
+
+
 @dataclass
 class ModelConfig:
+    """The keys every model reads. A model config extends ``DecoderConfig`` or ``FlaConfig``, never this."""
+
     name: str = MISSING  # the config's name, e.g. fox_pro (used in run names and plots)
-    arch: str = MISSING  # key in forgetting_transformer.models.MODEL_REGISTRY
+    arch: str = MISSING  # key in forgetting_transformer.models.MODEL_REGISTRY; each schema lists its own
     vocab_size: int = MISSING
     n_layers: int = MISSING
     d_model: int = MISSING
@@ -25,10 +67,20 @@ class ModelConfig:
     n_kv_heads: Optional[int] = None  # default n_heads (no GQA)
     mlp_hidden_ratio: float = 8 / 3
     mlp_multiple_of: int = 64
-    fgate: str = "data_dependent"  # data_dependent | data_independent | fixed | none (softmax Transformer)
-    fgate_init: Optional[list] = None  # [T_min, T_max]: forget-gate bias init by decay time constants
-    rope: bool = False
+    rope: bool = False  # the decoder; fla_swa and fla_samba's attention layers
     rope_base: float = 500000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    loss_chunk: int = 4096  # tokens per chunk of the LM head + cross-entropy (bounds fp32 logits memory)
+
+
+@dataclass
+class DecoderConfig(ModelConfig):
+    """``model/decoder_schema``: FoX, the Transformer and the paper's ablations (models/decoder.py)."""
+
+    arch: DecoderArch = DecoderArch.decoder
+    fgate: Fgate = Fgate.data_dependent
+    fgate_init: Optional[list] = None  # [T_min, T_max]: forget-gate bias init by decay time constants
     qk_norm: bool = False
     output_gate: bool = False
     output_norm: bool = False
@@ -36,19 +88,22 @@ class ModelConfig:
     acp: bool = False  # Adaptive Computation Pruning in the forget-gate attention ("auto" threshold)
     acp_eps: float = 4.5399929762484854e-05  # e^-10: ACP's bound on the attention weight pruned from any row
     acp_eviction: bool = False  # generation: drop cached keys decayed below ACP's threshold (docs/generation.md)
-    norm_eps: float = 1e-6
-    init_std: float = 0.02
-    loss_chunk: int = 4096  # tokens per chunk of the LM head + cross-entropy (bounds fp32 logits memory)
-    # fla baselines (arch fla_*, models/baselines.py; the decoder ignores these). Defaults: the paper's settings.
+
+
+@dataclass
+class FlaConfig(ModelConfig):
+    """``model/fla_schema``: the paper's baselines on flash-linear-attention's token mixers (models/baselines.py).
+    Defaults: the paper's settings."""
+
+    arch: FlaArch = MISSING
     state_size: int = 128  # SSM state per head (Mamba-2) or per channel (Samba's Mamba: 16)
     expand: int = 2  # Mamba / Mamba-2 inner width = expand * d_model
     conv_size: int = 4  # causal short-convolution width (Mamba, Mamba-2, DeltaNet)
     linear_head_dim: int = 128  # DeltaNet q/k/v head width; HGRN2 state expansion (d_model / it heads)
     window_size: int = 2048  # sliding-window attention (fla_swa, fla_samba): keys per query, its own included
-    # Mamba-2's scan kernel: auto | simple_gla | gla (auto = gla on Hopper GPUs, where fla's simple_gla backward is
-    # wrong or crashes; docs/baselines.md)
-    ssd_kernel: str = "auto"
-    mamba_mlp_hidden_ratio: float = 2.0  # Samba: SwiGLU width after the Mamba layers (after attention: mlp_hidden_ratio)
+    ssd_kernel: SsdKernel = SsdKernel.auto
+    # Samba: the SwiGLU width after the Mamba layers (after the attention layers: mlp_hidden_ratio)
+    mamba_mlp_hidden_ratio: float = 2.0
 
 
 @dataclass
@@ -76,9 +131,13 @@ class DataConfig:
     prepare: Optional[PrepareConfig] = None  # set: build data_dir from a corpus on first run (idempotent)
 
 
+class OptimName(StrEnum):
+    adamw = "adamw"
+
+
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: OptimName = OptimName.adamw
     lr: float = MISSING
     betas: list = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
@@ -86,20 +145,48 @@ class OptimConfig:
     grad_clip: float = 1.0
 
 
+class ScheduleName(StrEnum):
+    warmup_cosine = "warmup_cosine"
+
+
 @dataclass
 class ScheduleConfig:
-    name: str = "warmup_cosine"
+    name: ScheduleName = ScheduleName.warmup_cosine
     warmup_tokens: int = MISSING
     total_tokens: int = MISSING
     min_lr_ratio: float = 0.0  # cosine decays to min_lr_ratio * lr
 
 
+class StrategyName(StrEnum):
+    single = "single"  # one process
+    ddp = "ddp"  # DistributedDataParallel, under torchrun
+    fsdp = "fsdp"  # FSDP2, under torchrun
+
+
+class Device(StrEnum):
+    auto = "auto"  # this rank's GPU if any, else the CPU
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class MixedPrecision(StrEnum):
+    auto = "auto"  # bf16 on CUDA, fp32 on CPU
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+class ActivationCheckpointing(StrEnum):
+    none = "none"
+    full = "full"  # every block
+    selective = "selective"  # every ac_every-th block
+
+
 @dataclass
 class StrategyConfig:
-    name: str = "single"  # single (one process) | ddp | fsdp (FSDP2); ddp/fsdp are launched with torchrun
-    device: str = "auto"  # auto (this rank's GPU if any, else CPU) | cpu | cuda
-    mixed_precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-    activation_checkpointing: str = "none"  # none | full (every block) | selective (every ac_every-th block)
+    name: StrategyName = StrategyName.single
+    device: Device = Device.auto
+    mixed_precision: MixedPrecision = MixedPrecision.auto
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
     ac_every: int = 2
     compile: bool = False  # torch.compile each block
     # true: torch.use_deterministic_algorithms for the run, so that GPU steps repeat bit for bit (warn_only: an op
@@ -112,6 +199,11 @@ class StrategyConfig:
     fsdp_prefetch: int = 0  # fsdp only: >0: each block starts the next N blocks' all-gathers (0: FSDP2's default)
 
 
+class NonFinite(StrEnum):
+    stop = "stop"  # raise, naming the step and the last good checkpoint
+    skip = "skip"  # drop that update and go on
+
+
 @dataclass
 class TrainConfig:
     batch_size: int = MISSING  # sequences per optimizer step, over all ranks
@@ -120,7 +212,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
     max_steps: Optional[int] = None  # stop early (the schedule still follows schedule.total_tokens)
-    nonfinite: str = "stop"  # a NaN/inf gradient norm (or loss): stop (error naming the step) | skip (that update)
+    nonfinite: NonFinite = NonFinite.stop  # what a NaN/inf gradient norm (or loss) does
     peak_tflops: Optional[float] = None  # per-device peak for MFU; default: looked up by GPU name (none on CPU)
 
 
@@ -133,16 +225,22 @@ class EvalConfig:
     window: int = 101
 
 
+class WandbMode(StrEnum):
+    disabled = "disabled"
+    offline = "offline"
+    online = "online"
+
+
 @dataclass
 class WandbConfig:
-    mode: str = "disabled"  # disabled | offline | online
+    mode: WandbMode = WandbMode.disabled
     project: str = "forgetting-transformer"
     name: Optional[str] = None
 
 
 @dataclass
 class Config:
-    model: ModelConfig = MISSING
+    model: Any = MISSING  # a DecoderConfig or a FlaConfig (typed Any: a ModelConfig field would keep its base types)
     data: DataConfig = MISSING
     optim: OptimConfig = MISSING
     schedule: ScheduleConfig = MISSING
@@ -157,18 +255,20 @@ class Config:
     overwrite: bool = False  # true: delete the run already in output_dir (without resume) before starting
 
 
-SCHEMAS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "schedule": ScheduleConfig,
-           "strategy": StrategyConfig}
+# (group, name) -> schema: a YAML file of the group extends one with ``defaults: [<name>, _self_]``
+SCHEMAS = {("model", "decoder_schema"): DecoderConfig, ("model", "fla_schema"): FlaConfig,
+           ("data", "data_schema"): DataConfig, ("optim", "optim_schema"): OptimConfig,
+           ("schedule", "schedule_schema"): ScheduleConfig, ("strategy", "strategy_schema"): StrategyConfig}
 
 
 def register_configs() -> None:
-    """Register the schemas so YAML files can extend them (``defaults: [<group>_schema, _self_]``)."""
+    """Register the schemas in Hydra's ConfigStore: ``config_schema`` (the whole tree) and those of ``SCHEMAS``."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    for group, schema in SCHEMAS.items():
-        cs.store(group=group, name=f"{group}_schema", node=schema)
+    for (group, name), schema in SCHEMAS.items():
+        cs.store(group=group, name=name, node=schema)
 
 
 class ConfigError(ValueError):
@@ -180,47 +280,8 @@ def _require(cond: bool, key: str, value: Any, why: str) -> None:
         raise ConfigError(f"invalid config: {key}={value!r}: {why}")
 
 
-SSD_KERNELS = ("auto", "simple_gla", "gla")
-
-
-def _validate_fla(m, n_heads: int) -> None:
-    """The fla baselines' keys (models/baselines.py)."""
-    for key in ("state_size", "expand", "window_size"):
-        _require(m[key] > 0, f"model.{key}", m[key], "must be > 0")
-    _require(m.conv_size >= 2, "model.conv_size", m.conv_size, "must be >= 2")
-    _require(m.mamba_mlp_hidden_ratio > 0, "model.mamba_mlp_hidden_ratio", m.mamba_mlp_hidden_ratio, "must be > 0")
-    _require(m.ssd_kernel in SSD_KERNELS, "model.ssd_kernel", m.ssd_kernel, f"must be one of {', '.join(SSD_KERNELS)}")
-    if m.arch in ("fla_deltanet", "fla_hgrn2"):
-        _require(m.linear_head_dim > 0 and m.d_model % m.linear_head_dim == 0, "model.linear_head_dim",
-                 m.linear_head_dim, f"must divide model.d_model={m.d_model}")
-    if m.arch == "fla_mamba2":
-        _require(m.n_heads is None, "model.n_heads", m.n_heads,
-                 "must be null for fla_mamba2 (heads = model.expand * model.d_model / model.head_dim)")
-        _require(m.expand * m.d_model % m.head_dim == 0, "model.head_dim", m.head_dim,
-                 f"must divide model.expand * model.d_model = {m.expand * m.d_model}")
-    if m.arch in ("fla_swa", "fla_samba"):
-        _require(m.n_kv_heads is None or m.n_kv_heads == n_heads, "model.n_kv_heads", m.n_kv_heads,
-                 f"GQA is not implemented for {m.arch}; leave it null")
-    # The decoder's attention switches would be silently ignored: reject them.
-    _require(m.fgate == "none", "model.fgate", m.fgate, f"{m.arch} has no forget-gate attention; set none")
-    for key in ("qk_norm", "output_gate", "output_norm", "kv_shift", "acp", "acp_eviction"):
-        _require(not m[key], f"model.{key}", m[key], f"not implemented for {m.arch} (a decoder switch)")
-    if m.arch not in ("fla_swa", "fla_samba"):
-        _require(not m.rope, "model.rope", m.rope, f"{m.arch} has no attention layers to rotate")
-
-
-def validate(cfg) -> None:
-    """Check values Hydra's types cannot; every error names the offending key and value."""
-    from omegaconf import OmegaConf
-
-    from .models import MODEL_REGISTRY  # local import: keeps this module torch-free at import
-
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ConfigError(f"missing required config value(s): {', '.join(missing)} (set them on the command line, "
-                          f"e.g. {missing[0]}=...)")
-    m, d, o, s, st, t = cfg.model, cfg.data, cfg.optim, cfg.schedule, cfg.strategy, cfg.train
-    _require(m.arch in MODEL_REGISTRY, "model.arch", m.arch, f"unknown model; choose one of {sorted(MODEL_REGISTRY)}")
+def _validate_model(m) -> int:
+    """The keys of every model; returns the number of heads."""
     for key in ("vocab_size", "n_layers", "d_model", "head_dim", "loss_chunk"):
         _require(m[key] > 0, f"model.{key}", m[key], "must be > 0")
     _require(m.n_heads is not None or m.d_model % m.head_dim == 0, "model.head_dim", m.head_dim,
@@ -230,59 +291,89 @@ def validate(cfg) -> None:
     if m.n_kv_heads is not None:
         _require(m.n_kv_heads > 0 and n_heads % m.n_kv_heads == 0, "model.n_kv_heads", m.n_kv_heads,
                  f"must divide the number of heads ({n_heads})")
-    _require(m.fgate in ("data_dependent", "data_independent", "fixed", "none"), "model.fgate", m.fgate,
-             "must be data_dependent | data_independent | fixed | none")
-    if m.fgate in ("data_independent", "fixed"):
+    _require(m.rope_base > 0, "model.rope_base", m.rope_base, "must be > 0")
+    _require(not m.rope or m.head_dim % 2 == 0, "model.head_dim", m.head_dim, "must be even with model.rope")
+    return n_heads
+
+
+def _validate_decoder(m) -> None:
+    """The decoder's keys (models/decoder.py)."""
+    if m.fgate in (Fgate.data_independent, Fgate.fixed):
         _require(m.fgate_init is not None, "model.fgate_init", m.fgate_init,
                  f"model.fgate={m.fgate} needs [T_min, T_max] to initialise the gate biases")
     if m.fgate_init is not None:
-        _require(m.fgate != "none", "model.fgate_init", list(m.fgate_init), "needs a forget gate (model.fgate)")
+        _require(m.fgate != Fgate.none, "model.fgate_init", list(m.fgate_init), "needs a forget gate (model.fgate)")
         _require(len(m.fgate_init) == 2 and 1 < m.fgate_init[0] <= m.fgate_init[1], "model.fgate_init",
                  list(m.fgate_init), "must be [T_min, T_max] with 1 < T_min <= T_max")
-    _require(m.rope_base > 0, "model.rope_base", m.rope_base, "must be > 0")
-    _require(not m.acp or m.fgate != "none", "model.acp", m.acp, "prunes by forget-gate decay: needs model.fgate")
+    _require(not m.acp or m.fgate != Fgate.none, "model.acp", m.acp, "prunes by forget-gate decay: needs model.fgate")
     _require(0 < m.acp_eps < 1, "model.acp_eps", m.acp_eps, "must be in (0, 1)")
-    _require(not m.acp_eviction or (m.fgate != "none" and m.qk_norm), "model.acp_eviction", m.acp_eviction,
+    _require(not m.acp_eviction or (m.fgate != Fgate.none and m.qk_norm), "model.acp_eviction", m.acp_eviction,
              "evicts by forget-gate decay with a threshold from the QK-norm weights: needs model.fgate and "
              "model.qk_norm")
-    _require(not m.rope or m.head_dim % 2 == 0, "model.head_dim", m.head_dim, "must be even with model.rope")
-    if m.arch.startswith("fla_"):
+
+
+def _validate_fla(m, n_heads: int) -> None:
+    """The fla baselines' keys (models/baselines.py)."""
+    for key in ("state_size", "expand", "window_size"):
+        _require(m[key] > 0, f"model.{key}", m[key], "must be > 0")
+    _require(m.conv_size >= 2, "model.conv_size", m.conv_size, "must be >= 2")
+    _require(m.mamba_mlp_hidden_ratio > 0, "model.mamba_mlp_hidden_ratio", m.mamba_mlp_hidden_ratio, "must be > 0")
+    if m.arch in (FlaArch.fla_deltanet, FlaArch.fla_hgrn2):
+        _require(m.linear_head_dim > 0 and m.d_model % m.linear_head_dim == 0, "model.linear_head_dim",
+                 m.linear_head_dim, f"must divide model.d_model={m.d_model}")
+    if m.arch == FlaArch.fla_mamba2:
+        _require(m.n_heads is None, "model.n_heads", m.n_heads,
+                 "must be null for fla_mamba2 (heads = model.expand * model.d_model / model.head_dim)")
+        _require(m.expand * m.d_model % m.head_dim == 0, "model.head_dim", m.head_dim,
+                 f"must divide model.expand * model.d_model = {m.expand * m.d_model}")
+    if m.arch in (FlaArch.fla_swa, FlaArch.fla_samba):
+        _require(m.n_kv_heads is None or m.n_kv_heads == n_heads, "model.n_kv_heads", m.n_kv_heads,
+                 f"GQA is not implemented for {m.arch}; leave it null")
+    else:
+        _require(not m.rope, "model.rope", m.rope, f"{m.arch} has no attention layers to rotate")
+
+
+def validate(cfg) -> None:
+    """Check values Hydra's types cannot; every error names the offending key and value."""
+    from omegaconf import OmegaConf
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"missing required config value(s): {', '.join(missing)} (set them on the command line, "
+                          f"e.g. {missing[0]}=...)")
+    m, d, o, s, st, t = cfg.model, cfg.data, cfg.optim, cfg.schedule, cfg.strategy, cfg.train
+    if OmegaConf.get_type(m) not in (DecoderConfig, FlaConfig):  # an untyped model config: no key is checked
+        raise ConfigError(f"invalid config: model {m.get('name')!r} extends no model schema: its defaults list "
+                          "must start with decoder_schema or fla_schema")
+    n_heads = _validate_model(m)
+    if m.arch == DecoderArch.decoder:
+        _validate_decoder(m)
+    else:
         _validate_fla(m, n_heads)
     _require(m.vocab_size == d.vocab_size, "model.vocab_size", m.vocab_size,
              f"must equal data.vocab_size={d.vocab_size}")
     _require(0 <= d.bos_id < d.vocab_size, "data.bos_id", d.bos_id, f"must be in [0, data.vocab_size={d.vocab_size})")
     _require(d.seq_len > 0, "data.seq_len", d.seq_len, "must be > 0")
-    _require(o.name == "adamw", "optim.name", o.name, "only 'adamw' is implemented")
     _require(o.lr > 0, "optim.lr", o.lr, "must be > 0")
     _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas),
              "must be two values in [0, 1)")
     _require(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
     _require(o.grad_clip > 0, "optim.grad_clip", o.grad_clip, "must be > 0 (use a large value to disable)")
-    _require(s.name == "warmup_cosine", "schedule.name", s.name, "only 'warmup_cosine' is implemented")
     _require(s.total_tokens > 0, "schedule.total_tokens", s.total_tokens, "must be > 0")
     _require(0 <= s.warmup_tokens <= s.total_tokens, "schedule.warmup_tokens", s.warmup_tokens,
              f"must be in [0, schedule.total_tokens={s.total_tokens}]")
     _require(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", s.min_lr_ratio, "must be in [0, 1]")
-    _require(st.name in ("single", "ddp", "fsdp"), "strategy.name", st.name, "must be single | ddp | fsdp")
-    _require(st.activation_checkpointing in ("none", "full", "selective"), "strategy.activation_checkpointing",
-             st.activation_checkpointing, "must be none | full | selective")
     _require(st.ac_every > 0, "strategy.ac_every", st.ac_every, "must be > 0")
-    _require(st.device in ("auto", "cpu", "cuda"), "strategy.device", st.device, "must be auto | cpu | cuda")
     _require(st.fsdp_prefetch >= 0, "strategy.fsdp_prefetch", st.fsdp_prefetch, "must be >= 0")
     for key, default in (("fsdp_prefetch", 0), ("reshard_after_forward", True)):
-        _require(st.name == "fsdp" or st[key] == default, f"strategy.{key}", st[key],
+        _require(st.name == StrategyName.fsdp or st[key] == default, f"strategy.{key}", st[key],
                  f"only applies to strategy.name=fsdp (got strategy.name={st.name})")
-    _require(st.mixed_precision in ("auto", "bf16", "fp32"), "strategy.mixed_precision", st.mixed_precision,
-             "must be auto | bf16 | fp32")
     _require(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "must be > 0")
     _require(t.batch_size > 0 and t.batch_size % t.micro_batch_size == 0, "train.batch_size", t.batch_size,
              f"must be a positive multiple of train.micro_batch_size={t.micro_batch_size}")
     for key in ("log_every", "checkpoint_every", "keep_checkpoints"):
         _require(t[key] > 0, f"train.{key}", t[key], "must be > 0")
     _require(t.max_steps is None or t.max_steps > 0, "train.max_steps", t.max_steps, "must be > 0 or null")
-    _require(t.nonfinite in ("stop", "skip"), "train.nonfinite", t.nonfinite, "must be stop | skip")
-    _require(cfg.wandb.mode in ("disabled", "offline", "online"), "wandb.mode", cfg.wandb.mode,
-             "must be disabled | offline | online")
     _require(cfg.eval.window > 0 and cfg.eval.window % 2 == 1, "eval.window", cfg.eval.window, "must be odd and > 0")
     _require(cfg.eval.heldout_batches is None or cfg.eval.heldout_batches > 0, "eval.heldout_batches",
              cfg.eval.heldout_batches, "must be > 0, or null for the whole held-out split")

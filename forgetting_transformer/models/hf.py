@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from enum import Enum
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -19,23 +21,34 @@ from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..config import ModelConfig
 from ..inference.generate import generate as static_generate
 from ..inference.prompts import seq_start_from_mask
 from .decoder import DecoderLM
 from .layers import ForgetGate, LayerCache, RMSNorm, decay_bias_init
 
 MODEL_TYPE = "forgetting_transformer"
-MODEL_FIELDS = tuple(f.name for f in dataclasses.fields(ModelConfig))
-# Defaults for the ModelConfig fields that have none there (a bare FoXConfig() is a tiny FoX (LLaMA)).
-_REQUIRED_DEFAULTS = dict(name="fox_llama", arch="decoder", vocab_size=4096, n_layers=4, d_model=192)
+# The decoder's settings (the keys of the decoder config schema, forgetting_transformer.config.DecoderConfig, but
+# model.attention) with the schema's defaults, and for the keys a run must set, those of a tiny FoX (LLaMA): a
+# bare FoXConfig() (tests/models/test_hf.py checks them against the schema).
+MODEL_DEFAULTS = dict(
+    name="fox_llama", arch="decoder", vocab_size=4096, n_layers=4, d_model=192, head_dim=64, n_heads=None,
+    n_kv_heads=None, mlp_hidden_ratio=8 / 3, mlp_multiple_of=64, rope=False, rope_base=500000.0, norm_eps=1e-6,
+    init_std=0.02, loss_chunk=4096, fgate="data_dependent", fgate_init=None, qk_norm=False, output_gate=False,
+    output_norm=False, kv_shift=False, acp=False, acp_eps=4.5399929762484854e-05, acp_eviction=False,
+)
+MODEL_FIELDS = tuple(MODEL_DEFAULTS)
+# Keys of a run's model config that from_model_config leaves out: model.attention (the kernels a run used, not a
+# property of its weights), and the fla baselines' keys, which the decoder run configs of earlier versions hold at
+# their defaults.
+_NOT_EXPORTED = {"attention", "state_size", "expand", "conv_size", "linear_head_dim", "window_size", "ssd_kernel",
+                 "mamba_mlp_hidden_ratio"}
 # transformers 5.24 renamed the cache argument of forward() and generate() from past_key_values to cache (the old
 # name is deprecated until 5.40): FoXForCausalLM.forward takes either, and generate() keeps the FoXCache under the
 # name the installed version passes on
 _CACHE_KWARG = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
                 else "past_key_values")
 # generate() arguments of the static-cache path only (forgetting_transformer.inference.generate)
-_STATIC_ARGS = ("acp_eps", "eviction_threshold", "block_size", "cuda_graph")
+_STATIC_ARGS = ("acp_eps", "eviction_threshold", "block_size", "cuda_graph", "compile_step")
 # GenerationConfig fields the static-cache path follows; every other field must keep its neutral default there
 _STATIC_FIELDS = {"max_length", "max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "eos_token_id",
                   "pad_token_id", "bos_token_id", "use_cache", "cache_implementation", "max_cache_len",
@@ -44,42 +57,40 @@ _STATIC_FIELDS = {"max_length", "max_new_tokens", "do_sample", "temperature", "t
 
 
 class FoXConfig(PretrainedConfig):
-    """Every ``ModelConfig`` field as a top-level attribute (same names and defaults), plus the usual
-    ``PretrainedConfig`` ones (``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ...)."""
+    """Every decoder setting (``MODEL_FIELDS``: the decoder config schema's keys but ``attention``) as a top-level
+    attribute, plus the usual ``PretrainedConfig`` ones (``bos_token_id``, ``eos_token_id``, ``pad_token_id``,
+    ...)."""
 
     model_type = MODEL_TYPE
     attribute_map = {"hidden_size": "d_model", "num_hidden_layers": "n_layers"}
     keys_to_ignore_at_inference = ["past_key_values"]
 
     def __init__(self, **kwargs):
-        for f in dataclasses.fields(ModelConfig):
-            if f.name in kwargs:
-                value = kwargs.pop(f.name)
-            elif f.name in _REQUIRED_DEFAULTS:
-                value = _REQUIRED_DEFAULTS[f.name]
-            else:
-                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            setattr(self, f.name, list(value) if f.name == "fgate_init" and value is not None else value)
+        for name, default in MODEL_DEFAULTS.items():
+            value = kwargs.pop(name, default)
+            setattr(self, name, list(value) if name == "fgate_init" and value is not None else value)
         kwargs.setdefault("tie_word_embeddings", False)  # DecoderLM's LM head is untied
         super().__init__(**kwargs)
 
     @classmethod
     def from_model_config(cls, model_cfg, **kwargs) -> "FoXConfig":
-        """From a ``ModelConfig`` (dataclass, OmegaConf node or dict, e.g. a run's ``cfg.model``)."""
+        """From a decoder model config (dataclass, OmegaConf node or dict, e.g. a run's ``cfg.model``)."""
         if dataclasses.is_dataclass(model_cfg):
             model_cfg = dataclasses.asdict(model_cfg)
         elif not isinstance(model_cfg, dict):
             from omegaconf import OmegaConf
 
-            model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
+            model_cfg = OmegaConf.to_container(model_cfg, resolve=True, enum_to_str=True)
+        # the schema's Enum members (fgate, arch) as the plain strings config.json holds
+        model_cfg = {k: v.value if isinstance(v, Enum) else v for k, v in model_cfg.items() if k not in _NOT_EXPORTED}
         unknown = sorted(set(model_cfg) - set(MODEL_FIELDS))
         if unknown:
             raise ValueError(f"model config has fields FoXConfig does not know: {unknown}")
-        return cls(**dict(model_cfg), **kwargs)
+        return cls(**model_cfg, **kwargs)
 
-    def to_model_config(self) -> ModelConfig:
-        """The ``ModelConfig`` that ``DecoderLM`` is built from."""
-        return ModelConfig(**{name: getattr(self, name) for name in MODEL_FIELDS})
+    def to_model_config(self) -> SimpleNamespace:
+        """The settings ``DecoderLM`` is built from (``MODEL_FIELDS`` as attributes)."""
+        return SimpleNamespace(**{name: getattr(self, name) for name in MODEL_FIELDS})
 
     def to_diff_dict(self) -> dict:
         # Always write every model field, so a saved config does not depend on this code's defaults.

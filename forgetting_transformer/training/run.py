@@ -5,12 +5,14 @@ console copied into train.log, the process group, and how the process ends.
 directory), then calls ``phases(cfg, ctx)`` (build → train → evaluate) with a ``RunContext``. A user error (``USER_ERRORS``: a bad config value, missing data, a used run dir, a
 full disk, a diverged run) prints one ``error:`` line and exits with code 1 (HYDRA_FULL_ERROR=1 shows the
 traceback); a fresh run that fails before its first step leaves no run dir. A preemption signal ends the run
-after its checkpoint with exit code ``PREEMPTED_EXIT_CODE``.
+after its checkpoint with exit code ``PREEMPTED_EXIT_CODE``. ``one_line_config_errors`` makes the values Hydra
+itself rejects (an Enum's, a type's) print as one line too.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -19,8 +21,10 @@ from pathlib import Path
 from typing import Callable
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from ..config import validate
 from .checkpoint import CheckpointError
@@ -119,3 +123,47 @@ def log_error(path: Path, e: BaseException, is_main: bool) -> None:
             f.write(f"error: {e}\n")
     except OSError:
         pass
+
+
+_ENUM_ERROR = re.compile(r"Invalid value '.*', expected one of \[(.*)\]")
+_TYPE_ERROR = re.compile(r"^Value '.*' of type '[\w.]+' ")  # before "could not be converted to Integer"
+
+
+def config_error_line(e: ConfigCompositionException) -> str | None:
+    """One line for a value or key Hydra rejected while composing the config, naming the key; None for the rest."""
+    cause = e.__cause__
+    unknown_key = isinstance(cause, (ConfigAttributeError, ConfigKeyError))  # a key the schema does not have
+    if not (unknown_key or isinstance(cause, ValidationError)) or not getattr(cause, "full_key", None):
+        return None
+    if unknown_key:
+        return f"invalid config: {cause.full_key}: no such key in {cause.object_type_str}"
+    what = cause.msg.splitlines()[0]
+    allowed = _ENUM_ERROR.match(what)
+    why = f"must be one of {' | '.join(allowed.group(1).split(', '))}" if allowed else _TYPE_ERROR.sub("", what)
+    return f"invalid config: {cause.full_key}={cause.value!r}: {why}"
+
+
+def one_line_config_errors() -> None:
+    """Make a config that Hydra rejects while composing it (a value not among an Enum's, one of the wrong type, an
+    unknown key) print as one ``error:`` line naming the key, as ``validate``'s errors do, instead of Hydra's
+    report with OmegaConf's full_key / reference_type / object_type lines. Hydra reports everything through
+    ``hydra._internal.utils.run_and_report``, so that is where this hooks in; every other error is reported as
+    Hydra does it, and HYDRA_FULL_ERROR=1 still shows the traceback."""
+    from hydra._internal import utils
+
+    report = utils.run_and_report
+
+    def run_and_report(func):
+        def composed():
+            try:
+                return func()
+            except ConfigCompositionException as e:
+                line = config_error_line(e)
+                if line is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+                    raise
+                print(f"error: {line}", file=sys.stderr, flush=True)
+                sys.exit(1)
+
+        return report(composed)
+
+    utils.run_and_report = run_and_report

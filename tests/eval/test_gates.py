@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from eval.common import load_run
 from eval.gates import analysis, plot, run
-from forgetting_transformer.config import ModelConfig
+from forgetting_transformer.config import DecoderConfig
 from forgetting_transformer.models import build_model
 
 PRO = dict(qk_norm=True, output_gate=True, output_norm=True, kv_shift=True)
@@ -28,7 +28,7 @@ VARIANTS = {
 def tiny_model(seed=0, **overrides):
     torch.manual_seed(seed)
     base = dict(name="t", arch="decoder", vocab_size=97, n_layers=3, d_model=32, head_dim=8)
-    model = build_model(OmegaConf.structured(ModelConfig(**{**base, **overrides}))).eval()
+    model = build_model(OmegaConf.structured(DecoderConfig(**{**base, **overrides}))).eval()
     with torch.no_grad():
         for block in model.blocks:  # non-trivial weights: random norm gains and gate biases, so no term is a no-op
             attn = block.attn

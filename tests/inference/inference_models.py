@@ -3,7 +3,7 @@ the static-cache path is tested against."""
 
 import torch
 
-from forgetting_transformer.config import ModelConfig
+from forgetting_transformer.config import DecoderConfig
 from forgetting_transformer.models import build_model
 
 PRO = dict(qk_norm=True, output_gate=True, output_norm=True, kv_shift=True)
@@ -24,8 +24,8 @@ def tiny(switches, seed=0, dtype=torch.float64):
     """A 2-layer DecoderLM of 4 heads of 8 (init_std 0.1: peaked next-token distributions, so greedy choices are
     not decided by rounding)."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(name="t", arch="decoder", vocab_size=97, n_layers=2, d_model=32, head_dim=8, init_std=0.1,
-                      **switches)
+    cfg = DecoderConfig(name="t", arch="decoder", vocab_size=97, n_layers=2, d_model=32, head_dim=8, init_std=0.1,
+                        **switches)
     return build_model(cfg).to(dtype).eval()
 
 

@@ -18,9 +18,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 
 from forgetting_transformer.config import ConfigError, register_configs, validate
 from forgetting_transformer.models import baselines, build_model
+from forgetting_transformer.training.run import config_error_line
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -186,8 +188,6 @@ def test_cpu_without_the_interpreter_says_how_to_run(monkeypatch):
 
 @pytest.mark.parametrize("name,override,key", [
     ("deltanet", "model.linear_head_dim=48", "model.linear_head_dim=48"),
-    ("hgrn2", "model.kv_shift=true", "model.kv_shift=True"),
-    ("mamba2", "model.fgate=data_dependent", "model.fgate='data_dependent'"),
     ("mamba2", "model.head_dim=48", "model.head_dim=48"),
     ("mamba2", "model.n_heads=2", "model.n_heads=2"),
     ("mamba2", "model.rope=true", "model.rope=True"),
@@ -195,20 +195,31 @@ def test_cpu_without_the_interpreter_says_how_to_run(monkeypatch):
     ("samba", "model.n_kv_heads=1", "model.n_kv_heads=1"),
     ("samba", "model.conv_size=1", "model.conv_size=1"),
     ("samba", "model.mamba_mlp_hidden_ratio=0", "model.mamba_mlp_hidden_ratio=0"),
-    ("mamba2", "model.ssd_kernel=chunked", "model.ssd_kernel='chunked'"),
 ])
 def test_bad_values_name_the_key(name, override, key):
     with pytest.raises(ConfigError, match=re.escape(key)):
         config(name, override)
 
 
+@pytest.mark.parametrize("name,override,line", [
+    ("hgrn2", "model.kv_shift=true", "invalid config: model.kv_shift: no such key in FlaConfig"),
+    ("mamba2", "model.fgate=data_dependent", "invalid config: model.fgate: no such key in FlaConfig"),
+    ("mamba2", "model.ssd_kernel=chunked",
+     "invalid config: model.ssd_kernel='chunked': must be one of auto | simple_gla | gla"),
+])
+def test_decoder_keys_and_values_outside_the_schema_are_refused_by_hydra(name, override, line):
+    with pytest.raises(ConfigCompositionException) as e:
+        config(name, override)
+    assert config_error_line(e.value) == line
+
+
 def test_models_import_without_fla_and_building_one_says_how_to_install():
     code = ("import sys; sys.modules['fla'] = None\n"  # an import of fla now fails, as if not installed
             "import forgetting_transformer.models as m\n"
-            "from forgetting_transformer.config import ModelConfig\n"
+            "from forgetting_transformer.config import FlaConfig\n"
             "try:\n"
-            "    m.build_model(ModelConfig(name='x', arch='fla_hgrn2', vocab_size=8, n_layers=1, d_model=64, "
-            "linear_head_dim=64, fgate='none'))\n"
+            "    m.build_model(FlaConfig(name='x', arch='fla_hgrn2', vocab_size=8, n_layers=1, d_model=64, "
+            "linear_head_dim=64))\n"
             "except ImportError as e:\n"
             "    print('IMPORT_ERROR', e)\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -220,10 +231,10 @@ def test_building_a_baseline_keeps_our_hf_auto_classes():
     # fla's import registers its own "forgetting_transformer" model type with transformers; ours must stay.
     code = ("import forgetting_transformer.models.hf as hf\n"
             "from transformers import AutoConfig\n"
-            "from forgetting_transformer.config import ModelConfig\n"
+            "from forgetting_transformer.config import FlaConfig\n"
             "from forgetting_transformer.models import build_model\n"
-            "build_model(ModelConfig(name='x', arch='fla_hgrn2', vocab_size=8, n_layers=1, d_model=64, "
-            "linear_head_dim=64, fgate='none'))\n"
+            "build_model(FlaConfig(name='x', arch='fla_hgrn2', vocab_size=8, n_layers=1, d_model=64, "
+            "linear_head_dim=64))\n"
             "import fla.models\n"  # fla's registration has run
             "print('OURS', type(AutoConfig.for_model(hf.MODEL_TYPE)) is hf.FoXConfig)\n")
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

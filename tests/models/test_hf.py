@@ -1,5 +1,6 @@
 """Hugging Face integration: FoXConfig / FoXForCausalLM, save/load round trip, loss convention, export_hf.py."""
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -11,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from forgetting_transformer.config import ModelConfig
+from forgetting_transformer.config import DecoderConfig
 from forgetting_transformer.models import build_model
-from forgetting_transformer.models.hf import MODEL_FIELDS, FoXConfig, FoXForCausalLM
+from forgetting_transformer.models.hf import MODEL_DEFAULTS, MODEL_FIELDS, FoXConfig, FoXForCausalLM
 from forgetting_transformer.models.layers import decay_bias_init
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,10 +43,10 @@ def test_save_pretrained_round_trip_is_bit_exact(switches, tmp_path):
 
 
 def test_config_holds_every_model_field_and_writes_them_all(tmp_path):
-    cfg = OmegaConf.structured(ModelConfig(name="fox_pro", arch="decoder", **SMALL, fgate="data_independent",
-                                           fgate_init=[2, 64], n_kv_heads=2, **PRO))
+    cfg = OmegaConf.structured(DecoderConfig(name="fox_pro", **SMALL, fgate="data_independent", fgate_init=[2, 64],
+                                             n_kv_heads=2, **PRO))
     hf_cfg = FoXConfig.from_model_config(cfg)
-    assert hf_cfg.to_model_config() == OmegaConf.to_object(cfg)
+    assert vars(hf_cfg.to_model_config()) == OmegaConf.to_container(cfg, enum_to_str=True)
     assert hf_cfg.hidden_size == 32 and hf_cfg.num_hidden_layers == 2
     hf_cfg.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
@@ -55,8 +56,28 @@ def test_config_holds_every_model_field_and_writes_them_all(tmp_path):
         FoXConfig.from_model_config({**OmegaConf.to_container(cfg), "nope": 1})
 
 
+def test_defaults_are_the_decoder_schemas():
+    """FoXConfig keeps its own defaults (models/ does not import the config schemas): the schema's, and a tiny
+    FoX (LLaMA) for the keys a run must set."""
+    schema = {f.name: f.default for f in dataclasses.fields(DecoderConfig) if f.name != "attention"}
+    assert list(MODEL_DEFAULTS) == list(schema)
+    required = {k for k, v in schema.items() if v is MISSING}
+    assert {k: v for k, v in MODEL_DEFAULTS.items() if k not in required} == {
+        k: v for k, v in schema.items() if k not in required}
+    assert {k: MODEL_DEFAULTS[k] for k in required} == dict(name="fox_llama", vocab_size=4096, n_layers=4,
+                                                            d_model=192)
+
+
+def test_a_run_config_of_earlier_versions_converts(tmp_path):
+    """A decoder run config of an earlier version, with the fla baselines' keys at their defaults, converts."""
+    old = dict(name="fox_pro", arch="decoder", **SMALL, **PRO, state_size=128, expand=2, conv_size=4,
+               linear_head_dim=128, window_size=2048, ssd_kernel="auto", mamba_mlp_hidden_ratio=2.0)
+    hf_cfg = FoXConfig.from_model_config(OmegaConf.create(old))
+    assert not hasattr(hf_cfg, "state_size") and hf_cfg.kv_shift and hf_cfg.fgate == "data_dependent"
+
+
 def test_state_dict_maps_one_to_one_onto_decoder_lm():
-    mcfg = ModelConfig(name="t", arch="decoder", **SMALL, fgate="fixed", fgate_init=[2, 64], **PRO)
+    mcfg = DecoderConfig(name="t", **SMALL, fgate="fixed", fgate_init=[2, 64], **PRO)
     torch.manual_seed(0)
     dec = build_model(mcfg).eval()
     hf = FoXForCausalLM(FoXConfig.from_model_config(mcfg)).eval()

@@ -1,6 +1,10 @@
-"""Config composition and validation: Hydra rejects unknown/mistyped keys, validate() names bad values."""
+"""Config composition and validation: Hydra rejects unknown or mistyped keys and values outside an Enum (one line
+naming the key), validate() names bad values, and the model schemas split the decoder's keys from the fla
+baselines'."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,9 +13,12 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from forgetting_transformer.config import ConfigError, register_configs, validate
+from forgetting_transformer.config import (ConfigError, DecoderArch, DecoderConfig, FlaArch, FlaConfig,
+                                           register_configs, validate)
+from forgetting_transformer.training.run import config_error_line
 
-CONFIGS = str(Path(__file__).resolve().parents[2] / "configs")
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = str(ROOT / "configs")
 register_configs()
 
 
@@ -56,22 +63,18 @@ def test_missing_required_value_names_the_key():
     [
         ("optim.lr=-1", "optim.lr=-1.0"),
         ("model.head_dim=100", "model.head_dim=100"),
-        ("model.fgate=sometimes", "model.fgate=.sometimes."),
         ("model.fgate=fixed", "model.fgate_init=None"),
         ("model.fgate_init=[0.5,10]", "model.fgate_init=[0.5, 10]"),
-        ("model.arch=gpt9", "model.arch='gpt9'"),
         ("train.batch_size=10", "train.batch_size=10"),
         ("schedule.warmup_tokens=999999999999", "schedule.warmup_tokens"),
-        ("strategy.name=tp", "strategy.name='tp'"),
-        ("strategy.activation_checkpointing=some", "strategy.activation_checkpointing='some'"),
         (("strategy=fsdp", "strategy.fsdp_prefetch=-1"), "strategy.fsdp_prefetch=-1"),
         ("strategy.fsdp_prefetch=2", "strategy.fsdp_prefetch=2: only applies to strategy.name=fsdp"),
         ("strategy.reshard_after_forward=false", "strategy.reshard_after_forward=False: only applies"),
-        ("wandb.mode=sometimes", "wandb.mode='sometimes'"),
         ("data.bos_id=5000", "data.bos_id=5000"),
         ("model.n_kv_heads=2", "model.n_kv_heads=2"),
         ("model.acp_eps=2", "model.acp_eps=2.0"),
         (("model=transformer_pro", "model.acp=true"), "model.acp=True"),
+        (("model=mamba2", "model.rope=true"), "model.rope=True: fla_mamba2 has no attention layers"),
     ],
 )
 def test_invalid_values_name_the_key(override, key):
@@ -130,3 +133,94 @@ def test_deterministic_strategy_turns_on_torch_determinism(monkeypatch, strategy
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:
         torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
+
+
+ENUM_KEYS = [  # (overrides, key, value, allowed values in order)
+    ("model.fgate=sometimes", "model.fgate", "sometimes", "data_dependent | data_independent | fixed | none"),
+    ("model.arch=gpt9", "model.arch", "gpt9", "decoder"),
+    (("model=mamba2", "model.arch=gpt9"), "model.arch", "gpt9",
+     "fla_mamba2 | fla_deltanet | fla_hgrn2 | fla_samba | fla_swa"),
+    (("model=mamba2", "model.ssd_kernel=fast"), "model.ssd_kernel", "fast", "auto | simple_gla | gla"),
+    ("strategy.name=tp", "strategy.name", "tp", "single | ddp | fsdp"),
+    ("strategy.device=tpu", "strategy.device", "tpu", "auto | cpu | cuda"),
+    ("strategy.mixed_precision=fp8", "strategy.mixed_precision", "fp8", "auto | bf16 | fp32"),
+    ("strategy.activation_checkpointing=some", "strategy.activation_checkpointing", "some", "none | full | selective"),
+    ("train.nonfinite=ignore", "train.nonfinite", "ignore", "stop | skip"),
+    ("wandb.mode=sometimes", "wandb.mode", "sometimes", "disabled | offline | online"),
+    ("optim.name=sgd", "optim.name", "sgd", "adamw"),
+    ("schedule.name=linear", "schedule.name", "linear", "warmup_cosine"),
+]
+
+
+@pytest.mark.parametrize("overrides, key, value, allowed", ENUM_KEYS, ids=[k[1] + "=" + k[2] for k in ENUM_KEYS])
+def test_enum_keys_reject_other_values_naming_the_key_and_the_choices(overrides, key, value, allowed):
+    with pytest.raises(ConfigCompositionException) as e:
+        load(*([overrides] if isinstance(overrides, str) else overrides))
+    assert config_error_line(e.value) == f"invalid config: {key}={value!r}: must be one of {allowed}"
+
+
+def test_enum_values_compare_as_the_strings_of_the_yaml_files():
+    cfg = load("model=fox_pro_fixed", "strategy.mixed_precision=bf16", "wandb.mode=offline")
+    assert cfg.model.fgate == "fixed" and cfg.strategy.mixed_precision == "bf16" and cfg.wandb.mode == "offline"
+    assert f"{cfg.model.fgate}|{cfg.model.arch}" == "fixed|decoder"
+    saved = OmegaConf.to_yaml(cfg)
+    assert "fgate: fixed" in saved and "mixed_precision: bf16" in saved and "Fgate" not in saved
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["model.fgate=sometimes"],
+     "error: invalid config: model.fgate='sometimes': must be one of data_dependent | data_independent | fixed | none"),
+    (["model=mamba2", "model.qk_norm=true"], "error: invalid config: model.qk_norm: no such key in FlaConfig"),
+    (["model.n_layers=many"], "error: invalid config: model.n_layers='many': could not be converted to Integer"),
+], ids=["enum", "unknown_key", "type"])
+def test_train_py_reports_a_value_hydra_rejects_in_one_line(overrides, line, tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), f"output_dir={tmp_path / 'run'}", *overrides],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and res.stderr.strip().splitlines() == [line], res.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_schemas_hold_only_their_models_keys():
+    decoder, fla = load().model, load("model=deltanet").model
+    assert OmegaConf.get_type(decoder) is DecoderConfig and OmegaConf.get_type(fla) is FlaConfig
+    fla_only = {"state_size", "expand", "conv_size", "linear_head_dim", "window_size", "ssd_kernel",
+                "mamba_mlp_hidden_ratio"}
+    decoder_only = {"fgate", "fgate_init", "qk_norm", "output_gate", "output_norm", "kv_shift", "acp", "acp_eps",
+                    "acp_eviction"}
+    assert fla_only.isdisjoint(decoder) and fla_only <= set(fla)
+    assert decoder_only.isdisjoint(fla) and decoder_only <= set(decoder)
+    with pytest.raises(ConfigCompositionException, match="qk_norm"):
+        load("model=deltanet", "model.qk_norm=true")
+    with pytest.raises(ConfigCompositionException, match="state_size"):
+        load("model.state_size=16")
+
+
+def test_a_model_config_without_a_schema_is_refused():
+    cfg = load()
+    cfg.model = OmegaConf.create({**OmegaConf.to_container(cfg.model, enum_to_str=True), "name": "mine"})
+    with pytest.raises(ConfigError, match="model 'mine' extends no model schema"):
+        validate(cfg)
+
+
+def test_the_tiny_size_sets_the_fla_only_head_width_of_the_fla_models_alone():
+    assert load("model=deltanet").model.linear_head_dim == 64  # 128 does not divide tiny's d_model 192
+    assert load("model=deltanet", "model/size=125m").model.linear_head_dim == 128  # the schema's (paper) value
+    assert "linear_head_dim" not in load("model=fox_pro", "model/size=tiny").model
+
+
+def test_arch_names_of_the_schemas_are_the_model_registry():
+    from forgetting_transformer.models import MODEL_REGISTRY
+    from forgetting_transformer.models.baselines import FLA_ARCHS
+
+    assert {*DecoderArch, *FlaArch} == set(MODEL_REGISTRY)
+    assert list(FlaArch) == list(FLA_ARCHS)
+
+
+@pytest.mark.parametrize("imported, absent", [
+    ("forgetting_transformer.config", ["torch", "forgetting_transformer.models"]),
+    ("forgetting_transformer.models.hf", ["forgetting_transformer.config"]),
+])
+def test_config_and_models_do_not_import_each_other(imported, absent):
+    code = f"import sys, {imported}\nprint([m for m in {absent!r} if m in sys.modules])"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr[-2000:]

@@ -19,7 +19,7 @@ import torch.nn as nn
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from forgetting_transformer.config import ModelConfig, StrategyConfig, register_configs
+from forgetting_transformer.config import DecoderConfig, StrategyConfig, register_configs
 from forgetting_transformer.models import DecoderLM, build_model
 from forgetting_transformer.training.parallel import init_weights, parallelize
 
@@ -36,8 +36,8 @@ VARIANTS = {  # every switch that adds a parameter or a buffer
 
 
 def tiny(**switches):
-    return OmegaConf.structured(ModelConfig(name="t", arch="decoder", vocab_size=61, n_layers=2, d_model=48,
-                                            head_dim=16, **switches))
+    return OmegaConf.structured(DecoderConfig(name="t", vocab_size=61, n_layers=2, d_model=48, head_dim=16,
+                                              **switches))
 
 
 def eager(cfg, seed):

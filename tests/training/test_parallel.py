@@ -8,7 +8,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from forgetting_transformer.config import ModelConfig, StrategyConfig
+from forgetting_transformer.config import DecoderConfig, StrategyConfig
 from forgetting_transformer.models import build_model
 from forgetting_transformer.training.checkpoint import TrainState, load_model_weights, save_checkpoint
 from forgetting_transformer.training.optim import build_optimizer
@@ -23,8 +23,8 @@ class NoData:
         pass
 
 
-CFG = OmegaConf.structured(ModelConfig(name="t", arch="decoder", vocab_size=61, n_layers=3, d_model=32,
-                                       head_dim=16, qk_norm=True, kv_shift=True, output_gate=True))
+CFG = OmegaConf.structured(DecoderConfig(name="t", vocab_size=61, n_layers=3, d_model=32, head_dim=16,
+                                         qk_norm=True, kv_shift=True, output_gate=True))
 
 
 def setup(**strategy):
