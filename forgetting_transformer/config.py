@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
@@ -53,6 +53,14 @@ class SsdKernel(StrEnum):
     gla = "gla"
 
 
+class AttentionBackend(StrEnum):
+    """``model.attention.backend`` (null: the kernels for CUDA bf16/fp16 tensors, the PyTorch reference for the
+    rest)."""
+
+    triton = "triton"  # the Triton kernels on any device (on a CPU only under TRITON_INTERPRET=1)
+    reference = "reference"  # the PyTorch reference
+
+
 @dataclass
 class ModelConfig:
     """The keys every model reads. A model config extends ``DecoderConfig`` or ``FlaConfig``, never this."""
@@ -75,6 +83,35 @@ class ModelConfig:
 
 
 @dataclass
+class TileConfigs:
+    """``model.attention.triton_configs``: fixed launch tiles ``[block_m, block_n, num_warps, num_stages]`` (the last
+    two optional) of the Triton kernel named, instead of autotuning or the head dim's config; null: not fixed."""
+
+    fwd: Optional[List[int]] = None
+    dq: Optional[List[int]] = None
+    dkdv: Optional[List[int]] = None
+
+
+@dataclass
+class AttentionConfig:
+    """``model.attention``: the kernel options of the decoder's attention (forgetting_transformer.ops
+    ``AttentionOptions``, same names), in force for the whole run. They choose kernels, not weights: a checkpoint
+    loads and runs under any of them. null keeps the process default: AttentionOptions' own, with the
+    FOX_AUTOTUNE / FOX_GLUON / FOX_FUSED_BWD environment variables' overrides (docs/kernel.md).
+    training/run.py turns them into the options in force."""
+
+    backend: Optional[AttentionBackend] = None
+    autotune: Optional[bool] = None  # autotune the Triton kernels on a GPU (false: one config per head dim)
+    gluon: Optional[bool] = None  # Hopper: the warp-specialised Gluon kernels where they apply
+    fused_backward: Optional[bool] = None  # Hopper, head dim 64: the one-kernel backward
+    # the bitwise-reproducible backward (the dq and dk/dv kernels). strategy.deterministic=true (every op
+    # deterministic) turns it on as well, so under it this may be null or true, not false
+    deterministic: Optional[bool] = None
+    triton_configs: TileConfigs = field(default_factory=TileConfigs)
+    acp_grid: Optional[List[int]] = None  # [GM, GN]: the grid of ACP's pruned region (null: the head dim's)
+
+
+@dataclass
 class DecoderConfig(ModelConfig):
     """``model/decoder_schema``: FoX, the Transformer and the paper's ablations (models/decoder.py)."""
 
@@ -88,6 +125,7 @@ class DecoderConfig(ModelConfig):
     acp: bool = False  # Adaptive Computation Pruning in the forget-gate attention ("auto" threshold)
     acp_eps: float = 4.5399929762484854e-05  # e^-10: ACP's bound on the attention weight pruned from any row
     acp_eviction: bool = False  # generation: drop cached keys decayed below ACP's threshold (docs/generation.md)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
 
 
 @dataclass
@@ -191,7 +229,8 @@ class StrategyConfig:
     compile: bool = False  # torch.compile each block
     # true: torch.use_deterministic_algorithms for the run, so that GPU steps repeat bit for bit (warn_only: an op
     # without a deterministic kernel warns instead): the FoX attention backward runs its two deterministic kernels
-    # instead of the one-kernel backward (docs/kernel.md), cuBLAS a fixed workspace; some speed for it
+    # instead of the one-kernel backward (docs/kernel.md), cuBLAS a fixed workspace; some speed for it.
+    # model.attention.deterministic=true asks for the attention's deterministic backward alone.
     deterministic: bool = False
     # fsdp only: false keeps each block's gathered parameters from its forward to its backward (one all-gather
     # per block per step instead of two, for the memory of the unsharded bf16 parameters)
@@ -296,7 +335,7 @@ def _validate_model(m) -> int:
     return n_heads
 
 
-def _validate_decoder(m) -> None:
+def _validate_decoder(m, strategy) -> None:
     """The decoder's keys (models/decoder.py)."""
     if m.fgate in (Fgate.data_independent, Fgate.fixed):
         _require(m.fgate_init is not None, "model.fgate_init", m.fgate_init,
@@ -310,6 +349,9 @@ def _validate_decoder(m) -> None:
     _require(not m.acp_eviction or (m.fgate != Fgate.none and m.qk_norm), "model.acp_eviction", m.acp_eviction,
              "evicts by forget-gate decay with a threshold from the QK-norm weights: needs model.fgate and "
              "model.qk_norm")
+    _require(m.attention.deterministic is not False or not strategy.deterministic, "model.attention.deterministic",
+             False, "strategy.deterministic=true makes every op deterministic, the attention's backward included; "
+             "leave it null (or true)")
 
 
 def _validate_fla(m, n_heads: int) -> None:
@@ -347,7 +389,7 @@ def validate(cfg) -> None:
                           "must start with decoder_schema or fla_schema")
     n_heads = _validate_model(m)
     if m.arch == DecoderArch.decoder:
-        _validate_decoder(m)
+        _validate_decoder(m, st)
     else:
         _validate_fla(m, n_heads)
     _require(m.vocab_size == d.vocab_size, "model.vocab_size", m.vocab_size,

@@ -1,8 +1,9 @@
 """What surrounds the phases of a training run (training/loop.py): the checked config, the run directory, the
-console copied into train.log, the process group, and how the process ends.
+console copied into train.log, the process group, the attention options in force, and how the process ends.
 
-``run(cfg, phases)`` is train.py's Hydra task. It validates the config, claims ``output_dir`` (one run per
-directory), then calls ``phases(cfg, ctx)`` (build → train → evaluate) with a ``RunContext``. A user error (``USER_ERRORS``: a bad config value, missing data, a used run dir, a
+``run(cfg, phases)`` is train.py's Hydra task. It validates the config and turns ``model.attention`` into the
+kernel options, claims ``output_dir`` (one run per directory), then calls ``phases(cfg, ctx)`` (build → train →
+evaluate) with a ``RunContext``. A user error (``USER_ERRORS``: a bad config value, missing data, a used run dir, a
 full disk, a diverged run) prints one ``error:`` line and exits with code 1 (HYDRA_FULL_ERROR=1 shows the
 traceback); a fresh run that fails before its first step leaves no run dir. A preemption signal ends the run
 after its checkpoint with exit code ``PREEMPTED_EXIT_CODE``. ``one_line_config_errors`` makes the values Hydra
@@ -26,7 +27,8 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-from ..config import validate
+from ..config import ConfigError, validate
+from ..ops import AttentionOptions, default_options, use_options
 from .checkpoint import CheckpointError
 from .distributed import DistInfo, barrier, broadcast_from_main, init_distributed, shutdown
 from .metrics import MetricsLogger
@@ -73,11 +75,11 @@ def run(cfg, phases: Callable[[object, RunContext], None]) -> None:
 
 
 def run_in_dir(cfg, phases: Callable[[object, RunContext], None]) -> None:
-    """Validate, claim the run dir, then ``phases(cfg, ctx)`` with the console copied into train.log; exits with
-    ``PREEMPTED_EXIT_CODE`` after a preemption stop. A fresh run that fails before ``build`` is done removes the
-    run dir it made."""
+    """Validate, claim the run dir, then ``phases(cfg, ctx)`` with the console copied into train.log and the
+    attention options of ``model.attention`` in force; exits with ``PREEMPTED_EXIT_CODE`` after a preemption
+    stop. A fresh run that fails before ``build`` is done removes the run dir it made."""
     started = time.perf_counter()
-    validate(cfg)
+    options = checked_options(cfg)
     cfg.data.data_dir = str(Path(cfg.data.data_dir).resolve())  # the saved config must work from any directory
     dist = init_distributed(cfg.strategy)  # torchrun's env; rank 0 alone writes files and prints
     out = Path(broadcast_from_main(str(Path(cfg.output_dir).resolve())))  # ranks may resolve ${now:} differently
@@ -89,7 +91,7 @@ def run_in_dir(cfg, phases: Callable[[object, RunContext], None]) -> None:
     ctx = RunContext(dist, out, MetricsLogger(out / "metrics.jsonl", enabled=dist.is_main), started)
     preempted = None
     try:
-        with ConsoleLog(out / "train.log", enabled=dist.is_main):
+        with ConsoleLog(out / "train.log", enabled=dist.is_main), use_options(options):
             try:
                 phases(cfg, ctx)
                 ctx.metrics.finish()
@@ -123,6 +125,36 @@ def log_error(path: Path, e: BaseException, is_main: bool) -> None:
             f.write(f"error: {e}\n")
     except OSError:
         pass
+
+
+def checked_options(cfg) -> AttentionOptions:
+    """Validate ``cfg`` (config.validate) and return the attention options the run is to use: the process default
+    with the values ``model.attention`` sets (the fla baselines have no such key). A value the kernels refuse
+    raises ConfigError naming its key."""
+    validate(cfg)
+    attention = cfg.model.get("attention")
+    changes = {}
+    for key, value in ({} if attention is None else OmegaConf.to_container(attention, enum_to_str=True)).items():
+        if key == "triton_configs":  # {kind: [block_m, block_n, ...] or None}
+            for kind, tile in value.items():
+                if tile is not None:
+                    _check(f"{key}.{kind}", tile, triton_configs={kind: tuple(tile)})
+            value = {kind: tuple(tile) for kind, tile in value.items() if tile is not None} or None
+        elif value is not None:
+            option = tuple(value) if key == "acp_grid" else value  # AttentionOptions holds a tuple
+            _check(key, value, **{key: option})
+            value = option
+        if value is not None:
+            changes[key] = value
+    return default_options().replace(**changes)
+
+
+def _check(key: str, value, **option) -> None:
+    """Raise ConfigError naming ``model.attention.<key>`` if AttentionOptions refuses ``option``."""
+    try:
+        AttentionOptions(**option)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid config: model.attention.{key}={value!r}: {e}") from None
 
 
 _ENUM_ERROR = re.compile(r"Invalid value '.*', expected one of \[(.*)\]")

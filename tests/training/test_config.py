@@ -1,7 +1,8 @@
 """Config composition and validation: Hydra rejects unknown or mistyped keys and values outside an Enum (one line
-naming the key), validate() names bad values, and the model schemas split the decoder's keys from the fla
-baselines'."""
+naming the key), validate() names bad values, the model schemas split the decoder's keys from the fla baselines',
+and model.attention becomes the attention options in force for a run."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,9 +14,11 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from forgetting_transformer.config import (ConfigError, DecoderArch, DecoderConfig, FlaArch, FlaConfig,
-                                           register_configs, validate)
-from forgetting_transformer.training.run import config_error_line
+from forgetting_transformer.config import (AttentionConfig, ConfigError, DecoderArch, DecoderConfig, FlaArch,
+                                           FlaConfig, TileConfigs, register_configs, validate)
+from forgetting_transformer.ops import AttentionOptions, default_options
+from forgetting_transformer.ops.options import KINDS
+from forgetting_transformer.training.run import checked_options, config_error_line, run_in_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = str(ROOT / "configs")
@@ -75,6 +78,8 @@ def test_missing_required_value_names_the_key():
         ("model.acp_eps=2", "model.acp_eps=2.0"),
         (("model=transformer_pro", "model.acp=true"), "model.acp=True"),
         (("model=mamba2", "model.rope=true"), "model.rope=True: fla_mamba2 has no attention layers"),
+        (("strategy.deterministic=true", "model.attention.deterministic=false"),
+         "model.attention.deterministic=False: strategy.deterministic=true makes every op deterministic"),
     ],
 )
 def test_invalid_values_name_the_key(override, key):
@@ -141,6 +146,7 @@ ENUM_KEYS = [  # (overrides, key, value, allowed values in order)
     (("model=mamba2", "model.arch=gpt9"), "model.arch", "gpt9",
      "fla_mamba2 | fla_deltanet | fla_hgrn2 | fla_samba | fla_swa"),
     (("model=mamba2", "model.ssd_kernel=fast"), "model.ssd_kernel", "fast", "auto | simple_gla | gla"),
+    ("model.attention.backend=cuda", "model.attention.backend", "cuda", "triton | reference"),
     ("strategy.name=tp", "strategy.name", "tp", "single | ddp | fsdp"),
     ("strategy.device=tpu", "strategy.device", "tpu", "auto | cpu | cuda"),
     ("strategy.mixed_precision=fp8", "strategy.mixed_precision", "fp8", "auto | bf16 | fp32"),
@@ -186,7 +192,7 @@ def test_model_schemas_hold_only_their_models_keys():
     fla_only = {"state_size", "expand", "conv_size", "linear_head_dim", "window_size", "ssd_kernel",
                 "mamba_mlp_hidden_ratio"}
     decoder_only = {"fgate", "fgate_init", "qk_norm", "output_gate", "output_norm", "kv_shift", "acp", "acp_eps",
-                    "acp_eviction"}
+                    "acp_eviction", "attention"}
     assert fla_only.isdisjoint(decoder) and fla_only <= set(fla)
     assert decoder_only.isdisjoint(fla) and decoder_only <= set(decoder)
     with pytest.raises(ConfigCompositionException, match="qk_norm"):
@@ -224,3 +230,44 @@ def test_config_and_models_do_not_import_each_other(imported, absent):
     code = f"import sys, {imported}\nprint([m for m in {absent!r} if m in sys.modules])"
     res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr[-2000:]
+
+
+def test_attention_keys_are_the_kernel_options():
+    assert [f.name for f in dataclasses.fields(AttentionConfig)] == [
+        f.name for f in dataclasses.fields(AttentionOptions)]
+    assert tuple(f.name for f in dataclasses.fields(TileConfigs)) == KINDS
+    assert checked_options(load()) == default_options()  # all null: the process default
+    assert checked_options(load("model=mamba2")) == default_options()  # the fla baselines have no model.attention
+
+
+def test_attention_values_become_the_options():
+    cfg = load("model.attention.autotune=false", "model.attention.backend=reference", "model.attention.gluon=false",
+               "model.attention.triton_configs.fwd=[64,32,4,2]", "model.attention.triton_configs.dq=[32,64]",
+               "model.attention.acp_grid=[64,32]", "model.attention.deterministic=true")
+    assert checked_options(cfg) == default_options().replace(
+        autotune=False, backend="reference", gluon=False, deterministic=True, acp_grid=(64, 32),
+        triton_configs={"fwd": (64, 32, 4, 2), "dq": (32, 64)})
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.attention.triton_configs.fwd=[24,64]",
+     "model.attention.triton_configs.fwd=[24, 64]: TileConfig.block_m must be a power of two >= 16; got 24"),
+    ("model.attention.triton_configs.dkdv=[64,64,3]", "model.attention.triton_configs.dkdv=[64, 64, 3]: TileConfig"),
+    ("model.attention.triton_configs.dq=[64]", "model.attention.triton_configs.dq=[64]"),
+    ("model.attention.acp_grid=[0,16]", "model.attention.acp_grid=[0, 16]: acp_grid must be"),
+])
+def test_attention_values_the_kernels_refuse_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(";", ".")):
+        checked_options(load(override))
+
+
+def test_model_attention_is_in_force_during_the_run_and_only_then(markov_data_dir, tmp_path):
+    """``python train.py model.attention.autotune=false ...``: the run's phases see the options the override asks
+    for; the process default is back after the run."""
+    before, seen = default_options(), []
+    cfg = load("data=longcrawl64", f"data.data_dir={markov_data_dir}", "data.vocab_size=64", "data.bos_id=0",
+               f"output_dir={tmp_path / 'run'}", "strategy.device=cpu", "model.attention.autotune=false",
+               "model.attention.fused_backward=false")
+    run_in_dir(cfg, lambda cfg, ctx: seen.append(default_options()))
+    assert seen == [before.replace(autotune=False, fused_backward=False)]
+    assert default_options() == before
