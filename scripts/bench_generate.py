@@ -7,7 +7,7 @@
     python scripts/bench_generate.py --checkpoint RUN_DIR --eviction         # a trained model: its gates evict
 
 Each row is ``forgetting_transformer.inference.generate`` (paged static cache, decode kernel, one CUDA graph per
-step on a GPU; greedy) on random prompt tokens, after one untimed warm-up call of the same shape. ``ms/token`` is
+step on a GPU, compiled with torch.compile unless ``--no-compile``; greedy) on random prompt tokens, after one untimed warm-up call of the same shape. ``ms/token`` is
 the steady-state time of one decoding step (every sequence of the batch gets a token), from the first replay of
 the captured graph to the end, cache maintenance included; ``tokens/s`` counts the tokens of all sequences. Modes:
 ``full`` keeps every key; ``evict`` drops keys below ACP's threshold (FoX with QK-norm); ``sdpa`` (Transformers,
@@ -24,6 +24,7 @@ import argparse
 import datetime
 import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -100,7 +101,12 @@ def run(model, batch: int, prompt_len: int, new_tokens: int, mode: str, block_si
         dec = Decoder(model, cache, Sampler(), None, 0, n, False, None, compile_step and cuda)
         return dec.generate(ids, torch.zeros(batch, dtype=torch.long, device=ids.device), None, cuda)
 
+    # The warm-up call of a new shape compiles the step and autotunes the prefill's kernels: minutes for large
+    # shapes, so each phase says when it ends.
+    start = time.monotonic()
+    print(f"  {mode}, batch {batch}: warm-up call ...", flush=True)
     once(min(new_tokens, 8))
+    print(f"  {mode}, batch {batch}: warm-up done in {time.monotonic() - start:.0f} s; timed call ...", flush=True)
     return once(new_tokens)
 
 
