@@ -1,7 +1,11 @@
 """The tracked files speak of the software, not of how it was developed: no numbered work sessions or periods,
 throwaway variants, scratch folders, issue numbers, machine-lending terms or commit hashes in prose. History
-belongs in git. A hit names the file, the line and the pattern."""
+belongs in git. A hit names the file, the line and the pattern.
 
+The Python files stay small enough to read: no file over MAX_FILE_LINES lines and no function or method over
+MAX_FUNCTION_LINES, except the kernel files in KERNEL_FILES and their @triton.jit / @gluon.jit functions."""
+
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -75,3 +79,78 @@ def test_patterns_catch_process_words(line):
 ])
 def test_patterns_leave_ordinary_words_alone(line):
     assert not list(hits(line)), line
+
+
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 80  # from the ``def`` line to the last line, docstring included, decorators not
+
+# Files whose bulk is compiled GPU kernels. A kernel body is one compiled program: its loops, pipelining and
+# register lifetimes are read as a whole, so its length is exempt, and so is the file's. Their plain Python
+# functions are held to the limit like any other.
+KERNEL_FILES = {
+    "forgetting_transformer/ops/triton_kernels.py": "the Triton forward, backward and prefix-sum kernels",
+    "forgetting_transformer/ops/gluon_kernels.py": "the Gluon (Hopper) kernels and their warp-specialized partitions",
+}
+
+
+def tracked_python_files():
+    for rel, text in tracked_text_files():
+        if rel.endswith(".py"):
+            yield rel, text
+
+
+def is_kernel(node):
+    """``@triton.jit``, ``@gluon.jit``, ``@triton.jit(...)`` and the like."""
+    for dec in node.decorator_list:
+        target = dec.func if isinstance(dec, ast.Call) else dec
+        if isinstance(target, ast.Attribute) and target.attr == "jit":
+            return True
+    return False
+
+
+def functions(tree, prefix=""):
+    """(qualified name, node) of every function and method, nested ones included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node
+            yield from functions(node, prefix + node.name + ".")
+        elif isinstance(node, ast.ClassDef):
+            yield from functions(node, prefix + node.name + ".")
+        else:
+            yield from functions(node, prefix)
+
+
+def size_violations(rel, text):
+    """'file: N lines' and 'file:function: N lines' for what is over the limits in one file."""
+    kernel_file = rel in KERNEL_FILES
+    n_lines = len(text.splitlines())
+    if n_lines > MAX_FILE_LINES and not kernel_file:
+        yield f"{rel}: {n_lines} lines (> {MAX_FILE_LINES})"
+    for name, node in functions(ast.parse(text, filename=rel)):
+        length = node.end_lineno - node.lineno + 1
+        if length > MAX_FUNCTION_LINES and not (kernel_file and is_kernel(node)):
+            yield f"{rel}:{name}: {length} lines (> {MAX_FUNCTION_LINES})"
+
+
+def test_python_files_and_functions_stay_within_the_size_limits():
+    found = [v for rel, text in tracked_python_files() for v in size_violations(rel, text)]
+    assert not found, "over the size limits (split into named helpers):\n" + "\n".join(found)
+
+
+def test_every_kernel_file_entry_names_a_tracked_file():
+    tracked = {rel for rel, _ in tracked_python_files()}
+    assert not set(KERNEL_FILES) - tracked, set(KERNEL_FILES) - tracked
+
+
+def test_size_check_names_file_function_and_length():
+    def body(indent):
+        return "".join(f"{indent}x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+
+    text = ("class A:\n    def long(self):\n" + body(" " * 8) + "def short():\n    return 1\n"
+            "@triton.jit\ndef kernel():\n" + body(" " * 4))
+    too_long = f"{MAX_FUNCTION_LINES + 1} lines (> {MAX_FUNCTION_LINES})"
+    assert list(size_violations("pkg/m.py", text)) == [f"pkg/m.py:A.long: {too_long}", f"pkg/m.py:kernel: {too_long}"]
+    kernel_file = next(iter(KERNEL_FILES))
+    assert list(size_violations(kernel_file, text)) == [f"{kernel_file}:A.long: {too_long}"]
+    assert list(size_violations("pkg/big.py", "x = 1\n" * (MAX_FILE_LINES + 1))) == [
+        f"pkg/big.py: {MAX_FILE_LINES + 1} lines (> {MAX_FILE_LINES})"]
