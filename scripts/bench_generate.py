@@ -9,7 +9,8 @@
 Each row is ``forgetting_transformer.inference.generate`` (paged static cache, decode kernel, one CUDA graph per
 step on a GPU, compiled with torch.compile unless ``--no-compile``; greedy) on random prompt tokens, after one
 untimed warm-up call of the same shape. ``ms/token`` is the steady-state time of one decoding step (every
-sequence of the batch gets a token), from the first replay of the captured graph to the end, cache maintenance included; ``tokens/s`` counts the tokens of all sequences. Modes:
+sequence of the batch gets a token), from the first replay of the captured graph to the end, cache maintenance
+included; ``tokens/s`` counts the tokens of all sequences. Modes:
 ``full`` keeps every key; ``evict`` drops keys below ACP's threshold (FoX with QK-norm); ``sdpa`` (Transformers,
 ``--sdpa-baseline``) attends with ``F.scaled_dot_product_attention`` over a contiguous static cache instead of the
 decode kernel. ``kept`` is the fraction of (layer, sequence, head) keys attended to at the end, ``KV MiB`` the
