@@ -77,8 +77,8 @@ def generations(model, inputs, a) -> dict:
 
 def evaluate_run(run_dir, a) -> dict:
     model, cfg, ckpt = load_run(run_dir, step=a.step, device=a.device)
-    if torch.device(a.device).type == "cuda":
-        model = model.to(torch.bfloat16)
+    dtype = a.dtype or ("bfloat16" if torch.device(a.device).type == "cuda" else "float32")
+    model = model.to(getattr(torch, dtype))
     data_dir = a.data_dir or cfg.data.data_dir
     check_same_tokenizer(run_dir, data_dir)  # data tokenized differently is refused
     heldout = Path(data_dir) / "heldout.zarr"
@@ -92,7 +92,8 @@ def evaluate_run(run_dir, a) -> dict:
     with torch.no_grad():
         result = {"run": str(run_dir), "checkpoint": str(ckpt), "model": cfg.model.name, "rows": rows,
                   "length": a.length, "chunk": a.chunk, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
-                  "threshold": a.threshold, "device": torch.cuda.get_device_name() if "cuda" in a.device else "cpu",
+                  "threshold": a.threshold, "dtype": dtype,
+                  "device": torch.cuda.get_device_name() if "cuda" in a.device else "cpu",
                   **score(model, inputs, labels, a), **generations(model, inputs, a)}
     return result
 
@@ -122,6 +123,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--data-dir", default=None, help="default: the run's data.data_dir")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                   help="weights and cache (default: bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--out", type=Path, help="directory for <run name>.json")
     a = p.parse_args(argv)
     for flag in ("rows", "length", "chunk", "prompt_len", "new_tokens", "batch_size"):

@@ -13,7 +13,7 @@ def test_eviction_report_of_a_trained_run(tiny_text_run, tmp_path, capsys):
     [auto] = run.main([str(tiny_text_run), "--rows", "2", "--length", "512", "--chunk", "128", "--prompt-len", "128",
                        "--new-tokens", "6", "--device", "cpu", "--out", str(out)])
     assert json.loads((out / f"{tiny_text_run.name}.json").read_text()) == auto
-    assert auto["generations"] == len(auto["rows"]) >= 1
+    assert auto["generations"] == len(auto["rows"]) >= 1 and auto["dtype"] == "float32"
     assert abs(auto["loss_evicted"] - auto["loss_full"]) <= auto["loss_diff_max_abs"]
     assert 0 < auto["kept_fraction"] <= 1 and auto["kv_bytes_evicted"] <= auto["kv_bytes_full"]
     [coarse] = run.main([str(tiny_text_run), "--rows", "2", "--length", "512", "--chunk", "128", "--prompt-len",
