@@ -28,6 +28,16 @@ class Fgate(StrEnum):
     none = "none"  # no forget gate: the softmax Transformer
 
 
+class Mixer(StrEnum):
+    """``model.mixer``: the decoder's token mixer (docs/path.md for PaTH)."""
+
+    softmax = "softmax"  # softmax attention: Forgetting Attention with a forget gate, RoPE optional (FoX, Transformer)
+    path = "path"  # PaTH attention (models/path.py): PaTH-FoX with a forget gate; no RoPE, no ACP
+
+
+PATH_HEAD_DIMS = (16, 32, 64, 128)  # the head dims of fla's PaTH kernel (models/path.py KERNEL_HEAD_DIMS)
+
+
 class DecoderArch(StrEnum):
     """``model.arch`` of the decoder schema (forgetting_transformer.models.MODEL_REGISTRY)."""
 
@@ -116,6 +126,9 @@ class DecoderConfig(ModelConfig):
     """``model/decoder_schema``: FoX, the Transformer and the paper's ablations (models/decoder.py)."""
 
     arch: DecoderArch = DecoderArch.decoder
+    mixer: Mixer = Mixer.softmax
+    path_w_rank: Optional[int] = 32  # PaTH: rank of the projection giving w_t; null: a full projection
+    path_conv_size: int = 3  # PaTH: width of the causal convolution over w_t
     fgate: Fgate = Fgate.data_dependent
     fgate_init: Optional[list] = None  # [T_min, T_max]: forget-gate bias init by decay time constants
     qk_norm: bool = False
@@ -349,9 +362,24 @@ def _validate_decoder(m, strategy) -> None:
     _require(not m.acp_eviction or (m.fgate != Fgate.none and m.qk_norm), "model.acp_eviction", m.acp_eviction,
              "evicts by forget-gate decay with a threshold from the QK-norm weights: needs model.fgate and "
              "model.qk_norm")
+    if m.mixer == Mixer.path:
+        _validate_path(m)
     _require(m.attention.deterministic is not False or not strategy.deterministic, "model.attention.deterministic",
              False, "strategy.deterministic=true makes every op deterministic, the attention's backward included; "
              "leave it null (or true)")
+
+
+def _validate_path(m) -> None:
+    """PaTH's keys (models/path.py): the Householder transforms carry the position, fla's kernel prunes nothing."""
+    for key, why in (("rope", "the Householder transforms carry the position"),
+                     ("acp", "fla's PaTH kernel has no pruning"),
+                     ("acp_eviction", "the static generation path has no PaTH cache")):
+        _require(not m[key], f"model.{key}", m[key], f"must be false with model.mixer=path: {why}")
+    _require(m.head_dim in PATH_HEAD_DIMS, "model.head_dim", m.head_dim,
+             f"must be one of {PATH_HEAD_DIMS} with model.mixer=path (fla's PaTH kernel)")
+    _require(m.path_w_rank is None or m.path_w_rank > 0, "model.path_w_rank", m.path_w_rank,
+             "must be > 0, or null for a full-rank projection")
+    _require(m.path_conv_size > 0, "model.path_conv_size", m.path_conv_size, "must be > 0")
 
 
 def _validate_fla(m, n_heads: int) -> None:

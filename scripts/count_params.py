@@ -27,7 +27,7 @@ from forgetting_transformer.config import register_configs, validate  # noqa: E4
 from forgetting_transformer.models import build_model  # noqa: E402
 
 MODELS = ["fox_llama", "fox_pro", "transformer_llama", "transformer_pro", "fox_pro_rope",
-          "fox_pro_data_independent", "fox_pro_fixed"]
+          "fox_pro_data_independent", "fox_pro_fixed", "path_llama", "path_fox_llama", "path_pro", "path_fox_pro"]
 # The fla baselines (docs/baselines.md); building them needs flash-linear-attention.
 BASELINES = ["mamba2", "deltanet", "hgrn2", "samba", "transformer_swa"]
 SIZES = {"125m": 125e6, "360m": 360e6, "760m": 760e6}

@@ -71,6 +71,10 @@ def decoder_of(model):
     if getattr(getattr(inner, "cfg", None), "arch", None) != "decoder" or not hasattr(inner, "blocks"):
         raise TypeError(f"model must be a DecoderLM (model.arch=decoder) or a FoXForCausalLM; got "
                         f"{type(model).__name__}")
+    if getattr(inner.cfg, "mixer", "softmax") != "softmax":
+        raise NotImplementedError(f"model.mixer={inner.cfg.mixer} ({inner.cfg.name}): the paged static cache holds "
+                                  "softmax attention's keys only; decode with FoXForCausalLM.generate() and its "
+                                  "default cache (no cache_implementation='static', no acp_eviction)")
     return inner
 
 

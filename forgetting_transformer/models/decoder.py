@@ -4,6 +4,8 @@
 - FoX (Pro): + QK-norm, output gate, output norm, KV-shift.
 - Transformer (LLaMA) / (Pro): ``fgate=none`` with RoPE (softmax attention through SDPA).
 - Ablations: ``fgate=data_independent|fixed`` with ``fgate_init=[T_min, T_max]``; FoX + RoPE (``rope=true``).
+- PaTH / PaTH-FoX (``mixer=path``, without / with a forget gate): ``path.PathAttention`` in place of the attention,
+  the same switches (docs/path.md).
 Untied LM head; N(0, init_std) initialisation.
 """
 
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .layers import Attention, ForgetGate, LayerCache, RMSNorm, SwiGLU, mlp_hidden_size
+from .path import PathAttention, PathCache
 
 
 def resolve_heads(cfg) -> tuple[int, int, int]:
@@ -24,11 +27,23 @@ def resolve_heads(cfg) -> tuple[int, int, int]:
     return cfg.head_dim, n_heads, cfg.n_kv_heads or n_heads
 
 
+def is_path(cfg) -> bool:
+    """``model.mixer=path``; configs written before the key existed are softmax attention."""
+    return getattr(cfg, "mixer", "softmax") == "path"
+
+
+def token_mixer(cfg) -> nn.Module:
+    """The attention layer ``model.mixer`` names: ``Attention`` (softmax) or ``PathAttention`` (path)."""
+    if is_path(cfg):
+        return PathAttention(cfg, *resolve_heads(cfg), w_rank=cfg.path_w_rank, conv_size=cfg.path_conv_size)
+    return Attention(cfg, *resolve_heads(cfg))
+
+
 class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg, *resolve_heads(cfg))
+        self.attn = token_mixer(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg.d_model, mlp_hidden_size(cfg.d_model, cfg.mlp_hidden_ratio, cfg.mlp_multiple_of))
 
@@ -101,10 +116,10 @@ class DecoderLM(CausalLM):
         self.reset_parameters()
 
     def reset_parameters(self):
-        """N(0, init_std) for every linear and embedding weight, zero biases, unit norm weights; forget-gate biases
-        zero or from ``fgate_init``."""
+        """N(0, init_std) for every linear, embedding and convolution (PaTH's) weight, zero biases, unit norm
+        weights; forget-gate biases zero or from ``fgate_init``."""
         for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Embedding)):
+            if isinstance(m, (nn.Linear, nn.Embedding, nn.Conv1d)):
                 nn.init.normal_(m.weight, mean=0.0, std=self.cfg.init_std)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
@@ -114,9 +129,9 @@ class DecoderLM(CausalLM):
             if isinstance(m, ForgetGate):
                 m.reset_bias()
 
-    def new_cache(self) -> list[LayerCache]:
-        """Empty per-block decoding caches for ``forward(..., cache=...)``."""
-        return [LayerCache() for _ in self.blocks]
+    def new_cache(self) -> list[LayerCache | PathCache]:
+        """Empty per-block decoding caches for ``forward(..., cache=...)`` (``PathCache`` for PaTH)."""
+        return [PathCache() if is_path(self.cfg) else LayerCache() for _ in self.blocks]
 
     def hidden_states(self, input_ids: torch.Tensor | None, *, inputs_embeds: torch.Tensor | None = None, cache=None,
                       seq_start: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -23,8 +23,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..inference.generate import generate as static_generate
 from ..inference.prompts import seq_start_from_mask
-from .decoder import DecoderLM
+from .decoder import DecoderLM, is_path
 from .layers import ForgetGate, LayerCache, RMSNorm, decay_bias_init
+from .path import PathCache
 
 MODEL_TYPE = "forgetting_transformer"
 # The decoder's settings (the keys of the decoder config schema, forgetting_transformer.config.DecoderConfig, but
@@ -33,7 +34,7 @@ MODEL_TYPE = "forgetting_transformer"
 MODEL_DEFAULTS = dict(
     name="fox_llama", arch="decoder", vocab_size=4096, n_layers=4, d_model=192, head_dim=64, n_heads=None,
     n_kv_heads=None, mlp_hidden_ratio=8 / 3, mlp_multiple_of=64, rope=False, rope_base=500000.0, norm_eps=1e-6,
-    init_std=0.02, loss_chunk=4096, fgate="data_dependent", fgate_init=None, qk_norm=False, output_gate=False,
+    init_std=0.02, loss_chunk=4096, mixer="softmax", path_w_rank=32, path_conv_size=3, fgate="data_dependent", fgate_init=None, qk_norm=False, output_gate=False,
     output_norm=False, kv_shift=False, acp=False, acp_eps=4.5399929762484854e-05, acp_eviction=False,
 )
 MODEL_FIELDS = tuple(MODEL_DEFAULTS)
@@ -182,14 +183,78 @@ class FoXCacheLayer(LayerCache, CacheLayerMixin):
         raise NotImplementedError("FoXCache does not support offloading")
 
 
-class FoXCache(Cache):
-    """The ``past_key_values`` of ``FoXForCausalLM``: one ``FoXCacheLayer`` per block, plus ``seq_start`` (B,),
-    the first real token of each left-padded row (None: no padding). ``FoXForCausalLM`` creates it when
-    ``use_cache=True``; pass it back as ``past_key_values`` with the next tokens. ``crop(-n)`` drops the last n
-    tokens (assisted decoding uses it)."""
+class PathCacheLayer(PathCache, CacheLayerMixin):
+    """One layer of ``FoXCache`` for PaTH (``model.mixer=path``): a ``PathCache`` (keys already transformed by every
+    later token, values, log forget gates, the convolution and KV-shift states) behind the ``transformers``
+    cache-layer interface. The layer fills it itself (``PathAttention.forward``), so ``update`` is never called.
 
-    def __init__(self, n_layers: int):
-        super().__init__(layers=[FoXCacheLayer() for _ in range(n_layers)])
+    Not croppable: every decoded token rewrites all cached keys by ``H_t = I - beta_t w_t w_t^T``, which is not
+    invertible for ``beta_t = 1``, so a shorter prefix's keys cannot be recovered (assisted decoding needs crop).
+    """
+
+    def __init__(self):
+        CacheLayerMixin.__init__(self)
+        PathCache.__init__(self)
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.keys is not None
+
+    @is_initialized.setter
+    def is_initialized(self, value: bool) -> None:
+        pass  # derived from the keys (CacheLayerMixin.__init__ assigns it)
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass  # the PaTH layer writes its state on its first call
+
+    def update(self, *args, **kwargs):
+        raise TypeError("a PaTH cache layer is filled by PathAttention itself, not through update()")
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        PathCache.__init__(self)
+
+    def _map_batch(self, fn) -> None:
+        # Every cached tensor has the batch in dim 0.
+        for name in ("keys", "values", "log_fgate", "conv_state"):
+            if getattr(self, name) is not None:
+                setattr(self, name, fn(getattr(self, name)))
+        if self.shift_state is not None:
+            self.shift_state = tuple(fn(t) for t in self.shift_state)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices])
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a PaTH cache (model.mixer=path) cannot be cropped: decoding rewrote the cached "
+                                  "keys with transforms that are not invertible; assisted decoding is not supported")
+
+    def offload(self):
+        raise NotImplementedError("FoXCache does not support offloading")
+
+    def prefetch(self):
+        raise NotImplementedError("FoXCache does not support offloading")
+
+
+class FoXCache(Cache):
+    """The ``past_key_values`` of ``FoXForCausalLM``: one ``FoXCacheLayer`` per block (``PathCacheLayer`` with
+    ``path=True``, for ``model.mixer=path``), plus ``seq_start`` (B,), the first real token of each left-padded row
+    (None: no padding). ``FoXForCausalLM`` creates it when ``use_cache=True``; pass it back as ``past_key_values``
+    with the next tokens. ``crop(-n)`` drops the last n tokens (assisted decoding uses it; not with PaTH)."""
+
+    def __init__(self, n_layers: int, path: bool = False):
+        super().__init__(layers=[PathCacheLayer() if path else FoXCacheLayer() for _ in range(n_layers)])
         self.seq_start = None
 
     def reset(self):
@@ -213,7 +278,7 @@ class FoXCache(Cache):
 
 
 class FoXForCausalLM(PreTrainedModel, GenerationMixin):
-    """``DecoderLM`` (FoX or Transformer, any config) as a ``transformers`` causal LM with ``generate()``.
+    """``DecoderLM`` (FoX, Transformer, PaTH or PaTH-FoX, any config) as a ``transformers`` causal LM with ``generate()``.
 
     ``labels`` follow the Hugging Face convention: pass ``labels = input_ids`` (``-100`` = ignored); they are
     shifted inside, and the loss is the mean next-token cross-entropy over non-ignored targets whose token and
@@ -249,7 +314,7 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
                              f"FoXForCausalLM decodes with its own FoXCache (None or 'dynamic') or its paged "
                              f"static cache ('static')")
-        model_kwargs[_CACHE_KWARG] = FoXCache(self.config.n_layers)
+        model_kwargs[_CACHE_KWARG] = self._new_cache()
 
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """transformers' ``generate()`` (``FoXCache``: every feature, eager), or the static path of
@@ -258,7 +323,8 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
         ``cache_implementation="static"``, ``acp_eviction=True`` or ``config.acp_eviction`` is set. The static
         path also takes ``acp_eps``, ``eviction_threshold``, ``block_size`` and ``cuda_graph``; a setting it does
         not implement (beams, penalties, logits processors, ...) raises naming it. ``acp_eviction=False`` turns
-        the config's eviction off for one call. See docs/generation.md."""
+        the config's eviction off for one call. PaTH (``mixer=path``) decodes with the default cache only (the
+        static path raises naming the mixer). See docs/generation.md."""
         acp_eviction = kwargs.pop("acp_eviction", None)
         static_args = {k: kwargs.pop(k) for k in _STATIC_ARGS if k in kwargs}
         eviction = self.config.acp_eviction if acp_eviction is None else bool(acp_eviction)
@@ -296,10 +362,13 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
         logits = None if out.logits is None else tuple(out.logits.unbind(1))
         return GenerateDecoderOnlyOutput(sequences=out.sequences, logits=logits)
 
+    def _new_cache(self) -> FoXCache:
+        return FoXCache(self.config.n_layers, path=is_path(self.config))
+
     def _init_weights(self, module):
         # DecoderLM.reset_parameters, module by module: transformers runs this on what a checkpoint did not fill
         # (its init functions skip loaded tensors).
-        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)):
             init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             if getattr(module, "bias", None) is not None:
                 init.zeros_(module.bias)
@@ -410,12 +479,12 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
 
     def _resolve_cache(self, past_key_values, use_cache) -> FoXCache | None:
         if past_key_values is None:
-            return FoXCache(self.config.n_layers) if use_cache else None
+            return self._new_cache() if use_cache else None
         if isinstance(past_key_values, FoXCache):
             return past_key_values
         # Some transformers versions hand every model an empty DynamicCache; FoX needs more state than it holds.
         if isinstance(past_key_values, DynamicCache) and past_key_values.get_seq_length() == 0:
-            return FoXCache(self.config.n_layers)
+            return self._new_cache()
         raise TypeError(f"past_key_values must be a FoXCache (returned by FoXForCausalLM); got "
                         f"{type(past_key_values).__name__}")
 

@@ -78,6 +78,14 @@ def test_missing_required_value_names_the_key():
         ("model.acp_eps=2", "model.acp_eps=2.0"),
         (("model=transformer_pro", "model.acp=true"), "model.acp=True"),
         (("model=mamba2", "model.rope=true"), "model.rope=True: fla_mamba2 has no attention layers"),
+        (("model=path_fox_pro", "model.rope=true"), "model.rope=True: must be false with model.mixer=path"),
+        (("model=path_fox_pro", "model.acp=true"), "model.acp=True: must be false with model.mixer=path"),
+        (("model=path_fox_pro", "model.acp_eviction=true"),
+         "model.acp_eviction=True: must be false with model.mixer=path"),
+        (("model=path_pro", "model.head_dim=48"), "model.head_dim=48: must be one of .16, 32, 64, 128. with "
+                                                  "model.mixer=path"),
+        (("model=path_pro", "model.path_w_rank=0"), "model.path_w_rank=0: must be > 0, or null"),
+        (("model=path_pro", "model.path_conv_size=0"), "model.path_conv_size=0: must be > 0"),
         (("strategy.deterministic=true", "model.attention.deterministic=false"),
          "model.attention.deterministic=False: strategy.deterministic=true makes every op deterministic"),
     ],
@@ -143,6 +151,7 @@ def test_deterministic_strategy_turns_on_torch_determinism(monkeypatch, strategy
 ENUM_KEYS = [  # (overrides, key, value, allowed values in order)
     ("model.fgate=sometimes", "model.fgate", "sometimes", "data_dependent | data_independent | fixed | none"),
     ("model.arch=gpt9", "model.arch", "gpt9", "decoder"),
+    ("model.mixer=linear", "model.mixer", "linear", "softmax | path"),
     (("model=mamba2", "model.arch=gpt9"), "model.arch", "gpt9",
      "fla_mamba2 | fla_deltanet | fla_hgrn2 | fla_samba | fla_swa"),
     (("model=mamba2", "model.ssd_kernel=fast"), "model.ssd_kernel", "fast", "auto | simple_gla | gla"),
@@ -191,14 +200,25 @@ def test_model_schemas_hold_only_their_models_keys():
     assert OmegaConf.get_type(decoder) is DecoderConfig and OmegaConf.get_type(fla) is FlaConfig
     fla_only = {"state_size", "expand", "conv_size", "linear_head_dim", "window_size", "ssd_kernel",
                 "mamba_mlp_hidden_ratio"}
-    decoder_only = {"fgate", "fgate_init", "qk_norm", "output_gate", "output_norm", "kv_shift", "acp", "acp_eps",
-                    "acp_eviction", "attention"}
+    decoder_only = {"mixer", "path_w_rank", "path_conv_size", "fgate", "fgate_init", "qk_norm", "output_gate",
+                    "output_norm", "kv_shift", "acp", "acp_eps", "acp_eviction", "attention"}
     assert fla_only.isdisjoint(decoder) and fla_only <= set(fla)
     assert decoder_only.isdisjoint(fla) and decoder_only <= set(decoder)
     with pytest.raises(ConfigCompositionException, match="qk_norm"):
         load("model=deltanet", "model.qk_norm=true")
     with pytest.raises(ConfigCompositionException, match="state_size"):
         load("model.state_size=16")
+
+
+@pytest.mark.parametrize("name, fgate", [("path_pro", "none"), ("path_fox_pro", "data_dependent"),
+                                         ("path_llama", "none"), ("path_fox_llama", "data_dependent")])
+def test_path_presets_validate_with_their_gate_and_a_full_rank_w_is_accepted(name, fgate):
+    cfg = load(f"model={name}")
+    validate(cfg)
+    assert cfg.model.mixer == "path" and cfg.model.fgate == fgate and not cfg.model.rope
+    assert (cfg.model.path_w_rank, cfg.model.path_conv_size) == (32, 3)
+    validate(load(f"model={name}", "model.path_w_rank=null"))
+    assert load().model.mixer == "softmax"  # every other decoder: softmax attention
 
 
 def test_a_model_config_without_a_schema_is_refused():
