@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -103,13 +104,17 @@ def run_in_dir(cfg, phases: Callable[[object, RunContext], None]) -> None:
             except USER_ERRORS as e:  # into train.log too; run() prints it on the console
                 log_error(out / "train.log", e, dist.is_main)
                 raise
-    except USER_ERRORS:
+    except USER_ERRORS as e:
         if dist.is_main and not found and not ctx.built:
             shutil.rmtree(out, ignore_errors=True)
+        # The error's traceback keeps phases()' frames, and the model in them, alive; their locals go now, so the
+        # model is collected before the process group (the message and the traceback's lines are kept).
+        traceback.clear_frames(e.__traceback__)
         raise
     finally:
         # The model goes before the process group (distributed.shutdown says why): it lives in the frames of
-        # phases(), which are gone here once they returned or their Preempted was handled.
+        # phases(), which are gone here once they returned, their Preempted was handled or their user error's
+        # frames were cleared.
         shutdown()
     if preempted is not None:  # the job script (or submitit, on its SIGUSR2) requeues the job
         preempted.hand_over()  # submitit's SIGUSR2 handler: requeue and exit

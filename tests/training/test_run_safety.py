@@ -169,3 +169,32 @@ def test_zero_rows_stop_the_run_unless_skipped(tmp_path):
     res = run(command(data, tmp_path / "skip", *args, "data.skip_zero_rows=true"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert [r[0] for r in losses(tmp_path / "skip")][-2:] == [6, 6]
+
+
+def test_a_user_error_drops_the_model_before_the_process_group(markov_data_dir, tmp_path, monkeypatch):
+    """A user error raised while the phases hold a model: by the time the process group is destroyed the model
+    has been collected (in a multi-rank run DDP's reducer, alive at that point, could hang gloo's teardown)."""
+    import weakref
+
+    from hydra import compose, initialize_config_dir
+
+    from forgetting_transformer.config import register_configs
+    from forgetting_transformer.training import run as run_module
+
+    register_configs()
+    configs = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+    with initialize_config_dir(config_dir=configs, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "data=longcrawl64", f"data.data_dir={markov_data_dir}", "data.vocab_size=64", "data.bos_id=0",
+            f"output_dir={tmp_path / 'run'}", "strategy.device=cpu"])
+    alive_at_shutdown, held = [], []
+
+    def phases(cfg, ctx):
+        model = torch.nn.Linear(4, 4)
+        held.append(weakref.ref(model))
+        raise ValueError("a bad value in the data")
+
+    monkeypatch.setattr(run_module, "shutdown", lambda: alive_at_shutdown.append(held[0]() is not None))
+    with pytest.raises(ValueError, match="a bad value"):
+        run_module.run_in_dir(cfg, phases)
+    assert alive_at_shutdown == [False]
