@@ -197,6 +197,11 @@ class GenerationOptions:
         naming its own argument)."""
         if not self.acp_eviction:
             return
+        from forgetting_transformer.models.decoder import is_path
+
+        if is_path(lm.cfg):
+            raise ValueError(f"--acp-eviction evicts keys from the paged cache, which {lm.cfg.name} "
+                             f"(model.mixer=path, PaTH) does not decode with")
         if lm.cfg.fgate == "none":
             raise ValueError(f"--acp-eviction needs a forget gate to evict keys by; {lm.cfg.name} is a Transformer "
                              f"(model.fgate=none)")
@@ -205,11 +210,19 @@ class GenerationOptions:
                              f"QK-norm (model.qk_norm=false)")
 
 
+def _decoder(model):
+    """The ``DecoderLM`` of a ``DecoderLM`` or a ``FoXForCausalLM`` (``decoder_of`` refuses PaTH, which the static
+    path cannot run; the evaluations decode it with its own cache, ``_greedy_path``)."""
+    from forgetting_transformer.inference.generate import decoder_of
+    from forgetting_transformer.models.decoder import is_path
+
+    inner = getattr(model, "model", model)
+    return inner if is_path(getattr(inner, "cfg", None)) else decoder_of(model)
+
+
 def prepare_for_generation(model, options: GenerationOptions, device):
     """The model in ``options``' dtype, after checking that the options apply to it."""
-    from forgetting_transformer.inference.generate import decoder_of
-
-    options.check_model(decoder_of(model))
+    options.check_model(_decoder(model))
     return model.to(options.torch_dtype(device))
 
 
@@ -253,12 +266,21 @@ def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, optio
     """Greedy continuations of ``prompts`` (token id lists), in their order: ``generation_groups`` of them run as
     left-padded batches through ``forgetting_transformer.inference.generate``, and each row's new tokens (up to
     and including its first eos) are put back at its prompt's index. ``on_group(n)`` is called after each group
-    of ``n`` prompts (progress)."""
+    of ``n`` prompts (progress). A PaTH model (model.mixer=path), which the static path does not run, decodes one
+    prompt at a time through its own cache (``_greedy_path``; the batching options do not apply)."""
     from forgetting_transformer.inference import generate
-    from forgetting_transformer.inference.generate import decoder_of
+    from forgetting_transformer.models.decoder import is_path
 
-    chunk = options.chunk_for(decoder_of(model))
+    lm = _decoder(model)
     eos = set(eos_token_id or ())
+    if is_path(lm.cfg):
+        answers = []
+        for prompt in prompts:
+            answers.append(_greedy_path(lm, prompt, max_new_tokens, eos))
+            if on_group is not None:
+                on_group(1)
+        return answers
+    chunk = options.chunk_for(lm)
     answers: list[list[int] | None] = [None] * len(prompts)
     for group in generation_groups([len(p) for p in prompts], options.batch_size, options.max_batch_tokens):
         out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens, do_sample=False,
@@ -270,6 +292,21 @@ def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, optio
         if on_group is not None:
             on_group(len(group))
     return answers
+
+
+def _greedy_path(lm, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+    """Greedy continuation of one prompt by a PaTH ``DecoderLM`` (model.mixer=path) through its own decoding cache
+    (``new_cache``: the prompt in parallel, then one token at a time), up to and including the first eos. One
+    prompt at a time: fla's kernel has no padding mask and would run a padded batch row by row anyway."""
+    device = lm.embed.weight.device
+    cache, ids, new = lm.new_cache(), torch.tensor([prompt], device=device), []  # ids (1, T)
+    for _ in range(max_new_tokens):
+        nxt = int(lm.lm_head(lm.hidden_states(ids, cache=cache)[:, -1]).argmax())  # logits of the last token only
+        new.append(nxt)
+        if nxt in eos:
+            break
+        ids = torch.tensor([[nxt]], device=device)
+    return new
 
 
 def generate_texts(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, options: GenerationOptions, *,

@@ -8,7 +8,9 @@
 
 Each configuration is the repo's config tree (``model=<m> model/size=<s>``) with random GPT-2-vocabulary tokens,
 bf16, the given strategy, ``--micro-batch`` sequences per GPU per step; the first ``--warmup`` steps are not
-timed. FLOPs per token follow train.py (PaLM's 6N + 12·L·H·Q·T); MFU uses the device's dense bf16 peak.
+timed. FLOPs per token follow train.py (PaLM's 6N + 12·L·H·Q·T); MFU uses the device's dense bf16 peak. PaTH
+models (``--models path_fox_pro fox_pro``) are counted as softmax attention: the Householder products are not,
+so their MFU is a lower bound.
 ``--sdpa`` pins the backend of ``F.scaled_dot_product_attention`` (the Transformer models' attention; PyTorch's
 default on Hopper is cuDNN for these shapes) by turning the others off for the whole process (an
 ``sdpa_kernel`` context around the steps does not reach the compiled graphs: they kept cuDNN); the table's
@@ -61,7 +63,9 @@ def bench(model_name, size, a, dist):
     autocast = autocast_needed(cfg.strategy, True)
     head_dim, n_heads, _ = resolve_heads(cfg.model)
     attention = cfg.model.arch  # (the fla baselines: their own layers)
-    if cfg.model.arch == "decoder" and cfg.model.fgate != "none":
+    if cfg.model.arch == "decoder" and cfg.model.mixer == "path":
+        attention = "PaTH (fla parallel_path_attn)"
+    elif cfg.model.arch == "decoder" and cfg.model.fgate != "none":
         attention = "forgetting_attention"
     elif cfg.model.arch == "decoder":
         attention = "SDPA " + _sdpa_choice(a.micro_batch, n_heads, a.seq_len, head_dim, dist.device)

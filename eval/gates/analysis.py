@@ -23,7 +23,13 @@ from forgetting_transformer.ops.reference import forgetting_attention_ref
 
 
 def attention_modules(model) -> list:
-    """The Attention module of every block of a ``DecoderLM``, in layer order."""
+    """The Attention module of every block of a ``DecoderLM``, in layer order. PaTH (model.mixer=path) is refused:
+    its scores go through the Householder transforms, which the maps and ACP's bounds here do not model."""
+    from forgetting_transformer.models.decoder import is_path
+
+    if is_path(model.cfg):
+        raise ValueError(f"the gate analysis recomputes softmax (Forgetting) attention; model {model.cfg.name!r} "
+                         f"has model.mixer=path (PaTH), whose attention it does not cover")
     return [block.attn for block in model.blocks]
 
 

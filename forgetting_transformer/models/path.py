@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import forgetting_attention
-from ..ops.options import interpreting
+from ..ops.options import default_options, interpreting
 from ..ops.path_reference import path_attention_ref, path_transform_keys
 from .layers import Attention, ForgetGate, KVShift, RMSNorm
 
@@ -95,7 +95,8 @@ class PathAttention(nn.Module):
     - ``w_rank``: rank of the projection that produces ``w`` (default 32, fla's choice); None: a full
       ``d_model x Hkv * D`` projection;
     - ``conv_size``: width of the causal convolution over ``w`` (default 3, fla's);
-    - ``backend``: None (fla's kernel on CUDA, the reference otherwise), ``"triton"`` or ``"reference"``.
+    - ``backend``: None (the attention options' ``backend`` if set, i.e. a run's ``model.attention.backend``;
+      else fla's kernel on CUDA, the reference otherwise), ``"triton"`` or ``"reference"``.
     """
 
     def __init__(self, cfg, head_dim: int, n_heads: int, n_kv_heads: int, *, w_rank: int | None = 32,
@@ -140,8 +141,8 @@ class PathAttention(nn.Module):
         - ``cache``: this layer's ``PathCache``. Empty: the T tokens are attended in parallel and the cache is
           filled; otherwise the new tokens are decoded one at a time against it. Either way it is extended.
         - ``seq_start`` (B,): index, over cached + new tokens, of each row's first real token (left padding is
-          masked as keys; pad queries give 0). The parallel pass takes it on the reference backend only (fla's
-          kernel has no mask); decoding against a non-empty cache takes it on either.
+          masked as keys; pad queries give 0). fla's kernel has no mask: its parallel pass runs each padded row
+          alone on its real tokens.
         - ``positions``: accepted for the decoder's signature and unused: without RoPE, nothing in the layer
           depends on absolute positions.
         """
@@ -203,7 +204,8 @@ class PathAttention(nn.Module):
         return F.normalize(w, dim=-1), u[:, T:]  # (B, T, Hkv, D); the last conv_size - 1 inputs
 
     def _resolve_backend(self, q: torch.Tensor) -> str:
-        backend = self.backend
+        # the layer's own choice, else the run's model.attention.backend (the attention options in force)
+        backend = self.backend or default_options().backend
         if backend is None:
             backend = "triton" if q.is_cuda and q.dtype in KERNEL_DTYPES else "reference"
         if backend == "triton" and not (q.is_cuda or interpreting()):
@@ -221,8 +223,7 @@ class PathAttention(nn.Module):
             o = path_attention_ref(q, k, v, w, beta, log_fgate, seq_start=seq_start)
             return o, path_transform_keys(k, w, beta) if return_keys else None
         if seq_start is not None:
-            raise ValueError("PaTH's Triton backend takes no seq_start (fla's kernel has no padding mask); "
-                             "use backend='reference'")
+            return self._attend_rows(inp, seq_start, return_keys)
         if self.head_dim not in KERNEL_HEAD_DIMS or q.dtype not in KERNEL_DTYPES:
             raise ValueError(f"fla's PaTH kernel needs head_dim in {KERNEL_HEAD_DIMS} and q/k/v in {KERNEL_DTYPES};"
                              f" got head_dim={self.head_dim}, {q.dtype}")
@@ -231,6 +232,22 @@ class PathAttention(nn.Module):
         g = None if log_fgate is None else log_fgate.float() / scale
         o, keys = _parallel_path_attn()(q, k, v, w.float(), beta.float(), g, scale=scale, use_cache=return_keys)
         return o, None if keys is None else keys.float()
+
+    def _attend_rows(self, inp: PathInputs, seq_start: torch.Tensor, return_keys: bool):
+        """Left-padded rows through fla's kernel, which has no padding mask: each row alone on its real tokens (the
+        projections already treated the pads as absent), as the reference masks them. Pad queries give 0; pad
+        keys are 0 (decoding masks them by seq_start) → (o (B, T, H, D), keys (B, T, Hkv, D) float32 or None)."""
+        o = torch.zeros_like(inp.q)
+        keys = torch.zeros(inp.k.shape, dtype=torch.float32, device=inp.k.device) if return_keys else None
+        for b, start in enumerate(seq_start.tolist()):
+            if start >= o.shape[1]:
+                continue  # all padding
+            row = PathInputs(*(None if t is None else t[b : b + 1, start:] for t in inp[:6]), None, None)
+            o_b, keys_b = self.attend(row, return_keys=return_keys)
+            o[b : b + 1, start:] = o_b
+            if keys is not None:
+                keys[b : b + 1, start:] = keys_b
+        return o, keys
 
     def _decode(self, inp: PathInputs, cache: PathCache, seq_start: torch.Tensor | None) -> torch.Tensor:
         """The new tokens, one at a time, against the cache (extended in place) → o (B, T, H, D). Token t first

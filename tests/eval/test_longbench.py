@@ -283,3 +283,30 @@ def test_table_markdown_and_latex(tmp_path):
     assert only.splitlines()[0] == "| Model | TREC | PCount | Avg |" and "| x | **3.00** | **4.00** | **3.50** |" in only
     table.main([str(tmp_path / "FoX (Pro)"), "--latex", "--out", str(tmp_path / "t.tex")])
     assert (tmp_path / "t.tex").read_text().startswith(r"\begin{tabular}")
+
+
+def test_a_path_run_predicts_each_example_as_its_greedy_continuation(tiny_text_run, train_on_prepared_data,
+                                                                      tmp_path):
+    # PaTH (model.mixer=path) decodes one prompt at a time through its own cache; each prediction is transformers'
+    # greedy generate() on the prompt alone
+    import torch
+
+    from eval.common import load_model_and_tokenizer
+    from tests.eval.test_niah import path_run_of
+
+    path_run = path_run_of(tiny_text_run, train_on_prepared_data)
+    out = tmp_path / "lb"
+    run.main([str(path_run), "--out", str(out), "--data-dir", str(FIXTURES), "--datasets", "hotpotqa", "trec",
+              "--max-length", "384", "--limit", "2", "--max-new-tokens", "4", "--device", "cpu", "--no-progress"])
+    res = json.loads((out / "scores.json").read_text())
+    assert res["name"].startswith("path_fox_pro") and res["n"] == {"hotpotqa": 2, "trec": 2}
+    model, tok, _ = load_model_and_tokenizer(path_run)
+    prompts, _ = run.load_configs()
+    for d in ("hotpotqa", "trec"):
+        for row, example in zip(run.read_predictions(out / f"{d}.jsonl"), _lines(d)):
+            ids = run.encode_prompt(tok, run.build_prompt(prompts[d], example), 384)
+            x = torch.tensor([ids])
+            with torch.no_grad():
+                new = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=4,
+                                     do_sample=False, num_beams=1)[0, len(ids):]
+            assert row["pred"] == tok.decode(new.tolist(), skip_special_tokens=True), (d, row["_id"])

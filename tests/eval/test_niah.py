@@ -9,12 +9,28 @@ import torch
 from omegaconf import OmegaConf
 
 from eval.common import (GenerationOptions, generate_batched, generation_groups, load_model_and_tokenizer,
-                         run_tokenizer)
+                         prepare_for_generation, run_tokenizer)
 from eval.niah import plot, run
 from tests.inference.inference_models import LOCAL, VARIANTS, tiny
 
 SENTENCES = [f"Sentence number {i} says that the {['red', 'green', 'blue'][i % 3]} fox jumps {i % 5} times."
              for i in range(400)]
+
+
+def path_run_of(tiny_text_run, train):
+    """A PaTH-FoX (Pro) run (model.mixer=path) trained by train.py 4 steps on ``tiny_text_run``'s data, at its
+    size; trained once, beside it, for every test module that asks."""
+    run_dir = tiny_text_run.parent / "path_fox_pro_run"
+    if not (run_dir / "checkpoints").is_dir():
+        data = OmegaConf.load(tiny_text_run / "config.yaml").data
+        train(run_dir, data.data_dir, {"vocab_size": data.vocab_size, "bos_id": data.bos_id}, "model=path_fox_pro",
+              "data.seq_len=256", "model.n_layers=2", "model.d_model=64", "model.head_dim=32", "train.max_steps=4")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_path_run(tiny_text_run, train_on_prepared_data):
+    return path_run_of(tiny_text_run, train_on_prepared_data)
 
 
 @pytest.fixture(scope="module")
@@ -200,6 +216,23 @@ def test_batched_cells_equal_one_at_a_time(tiny_text_run, tmp_path, hay_dir):
         assert e["prediction"] == tok.decode(new, skip_special_tokens=True).strip(), (e["length"], e["depth"])
     # (this barely trained model answers every cell alike; test_generate_batched_equals_greedy_decoding_alone
     # checks on prompts with distinct answers that each lands at its own index)
+
+
+def test_a_path_run_evaluates_each_cell_as_its_greedy_continuation(tiny_path_run, tmp_path, hay_dir):
+    # PaTH has no static-cache path: generate_batched decodes it one prompt at a time through its own cache
+    gen = GenerationOptions(batch_size=4)
+    out = run.evaluate_model(tiny_path_run, tmp_path / "niah", lengths=[200, 300], depths=[0, 100],
+                             haystack=str(hay_dir), max_new_tokens=6, generation=gen, progress=False)
+    res = json.loads(out.read_text())
+    assert res["name"].startswith("path_fox_pro") and len(res["results"]) == 4
+    model, tok, _ = load_model_and_tokenizer(tiny_path_run)
+    assert model.config.mixer == "path"
+    b = run.PromptBuilder(tok, run.read_haystack(hay_dir), "standard")
+    for e in res["results"]:
+        new = one_at_a_time(model, b.build(e["length"], e["depth"])["input_ids"], 6)
+        assert e["prediction"] == tok.decode(new, skip_special_tokens=True).strip(), (e["length"], e["depth"])
+    with pytest.raises(ValueError, match="--acp-eviction .*model.mixer=path"):
+        prepare_for_generation(model, GenerationOptions(acp_eviction=True), "cpu")
 
 
 @pytest.mark.parametrize("value", ["0", "-3", "two"])

@@ -289,6 +289,23 @@ def test_layer_kernel_matches_reference_and_fills_the_cache(switches):
         assert rel_err(torch.cat(parts, dim=1), results["reference"][0]) < KERNEL_TOL[0]
 
 
+@KERNEL_WARNINGS
+def test_kernel_takes_left_padding_row_by_row_as_the_reference_masks_it():
+    pytest.importorskip("fla")
+    layer = make_layer(dtype=torch.float32, heads=(4, 2), head_dim=16, fgate="data_dependent", **PRO).to(DEVICE)
+    x = torch.randn(3, 12, 16, device=DEVICE)
+    seq_start = torch.tensor([5, 0, 12], device=DEVICE)  # padded, unpadded, all padding
+    out = {}
+    with torch.no_grad():
+        for backend in ("triton", "reference"):
+            layer.backend, cache = backend, PathCache()
+            full = layer(x[:, :9], cache=cache, seq_start=seq_start)  # the parallel pass fills the cache
+            out[backend] = torch.cat([full, layer(x[:, 9:], cache=cache, seq_start=seq_start)], dim=1)
+    real = torch.arange(12, device=DEVICE)[None, :] >= seq_start[:, None]  # (B, T): pad outputs are 0 in both
+    assert rel_err(out["triton"][real], out["reference"][real]) < KERNEL_TOL[0]
+    assert not out["triton"][2].any()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_bf16_kernel_layer_and_decoding_match_fp32_reference():

@@ -138,3 +138,24 @@ def test_the_static_generation_path_refuses_path_naming_the_mixer(kwargs):
     hf = hf_of(tiny(mixer="path", **PRO))
     with pytest.raises(NotImplementedError, match="model.mixer=path .*default cache"):
         hf.generate(torch.randint(0, VOCAB, (1, 5)), max_new_tokens=2, **kwargs)
+
+
+def test_the_gate_analysis_refuses_path_naming_the_mixer(tmp_path):
+    from eval.gates.run import analyze
+
+    with pytest.raises(ValueError, match="model.mixer=path"):
+        analyze(tiny(mixer="path", **PRO), torch.randint(0, VOCAB, (1, 8)), tmp_path, what=["A"], progress=False)
+
+
+def test_the_attention_options_backend_reaches_the_path_layer(monkeypatch):
+    # model.attention.backend (the options in force for a run) picks PaTH's backend too; on a CPU without the
+    # Triton interpreter the kernel is refused, which shows the option arrived
+    from forgetting_transformer.models import path as path_module
+    from forgetting_transformer.ops import use_options
+
+    monkeypatch.setattr(path_module, "interpreting", lambda: False)
+    model, x = tiny(mixer="path", **PRO), torch.randint(0, VOCAB, (1, 6))
+    with use_options(backend="reference"):
+        model(x)
+    with use_options(backend="triton"), pytest.raises(RuntimeError, match="backend='triton'"):
+        model(x)
