@@ -21,12 +21,14 @@ Parts (each one under 10 minutes on a machine of two H100s, data preparation inc
     ablations  Table 3 from FoX (Pro): - KV-shift, - output gate, - output norm, - QK-norm
     gates      Table 3 (cont.): data-independent and fixed forget gates, FoX (Pro) + RoPE, Transformer w/o RoPE
     acp        FoX (Pro) with ACP (model.acp=true), seeds 0 and 1, checkpoints kept to measure pruning over training
+    path       PaTH (Pro) and PaTH-FoX (Pro), seed 0, at the FoX (Pro) pick (not swept for PaTH; docs/path.md)
 
-Every FoX model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick. Runs go
-one per GPU (``--gpus``, default every visible GPU); each trains with ``train.py experiment=books/<model>_125m``,
-then evaluates (per-token loss to 16,384 tokens; needle in a haystack for the main models; the forget-gate and ACP
-analysis for the FoX models), and its small files land in ``OUT/runs/<run>/``. A run whose ``done.json`` exists is
-skipped, so re-running a part finishes what an interrupted call left; checkpoints stay in ``--work``.
+Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro)
+pick. Runs go one per GPU (``--gpus``, default every visible GPU); each trains with ``train.py
+experiment=books/<model>_125m``, then evaluates (per-token loss to 16,384 tokens; needle in a haystack for the main
+and PaTH models; the forget-gate and ACP analysis for the FoX models, not PaTH, whose attention it does not model),
+and its small files land in ``OUT/runs/<run>/``. A run whose ``done.json`` exists is skipped, so re-running a part
+finishes what an interrupted call left; checkpoints stay in ``--work``.
 """
 
 from __future__ import annotations
@@ -102,10 +104,12 @@ def suite() -> list[Run]:
     for seed in (0, 1):
         runs.append(Run("fox_pro_acp", "fox_pro", "fox", "acp", seed=seed, overrides=["model.acp=true"],
                         acp_trajectory=seed == 0))
+    runs += [Run("path_pro", "path_pro", "fox", "path", niah=True),
+             Run("path_fox_pro", "path_fox_pro", "fox", "path", niah=True)]
     return runs
 
 
-PARTS = ("lr", "lr-wide", "main", "ablations", "gates", "acp")
+PARTS = ("lr", "lr-wide", "main", "ablations", "gates", "acp", "path")
 
 
 # ----------------------------------------------------------------------------------------------------- learning rates

@@ -68,7 +68,7 @@ def runs_of(tmp):
 def test_every_run_of_every_part_is_done_with_its_files(suite):
     tmp, _ = suite
     runs = runs_of(tmp)
-    assert len(runs) == len(rp.suite()) == 22
+    assert len(runs) == len(rp.suite()) == 24
     assert {d["part"] for d in runs.values()} == set(rp.PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -76,7 +76,7 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
             assert (d / f).is_file(), (name, f)
         assert done["device"] == "cpu" and done["command"].startswith("python train.py experiment=books/")
         assert (d / "acp" / "acp.json").is_file() == done["model"].startswith("fox"), name
-        assert (d / "niah").is_dir() == (done["part"] == "main"), name
+        assert (d / "niah").is_dir() == (done["part"] in ("main", "path")), name
     fox = tmp / "results" / "runs" / next(n for n in runs if n.startswith("fox_pro-") and runs[n]["part"] == "main")
     niah = sorted(p.name for p in (fox / "niah").glob("*.json"))
     assert niah == [f"{fox.name}_easy.json", f"{fox.name}_standard.json"]
@@ -95,7 +95,7 @@ def test_later_parts_train_at_the_sweeps_picks(suite):
         pick = min(sweep, key=sweep.get)
         assert rp.pick_lr(out, family) == pick
         later = [d for d in runs.values() if not d["part"].startswith("lr")
-                 and (d["model"].startswith("fox") == (family == "fox"))]
+                 and (d["model"].startswith(("fox", "path")) == (family == "fox"))]  # PaTH: FoX (Pro)'s pick
         assert later and all(d["lr"] == pick and f"optim.lr={pick}" in d["command"] for d in later)
     ablation = runs[next(n for n in runs if n.startswith("fox_pro_no_qk_norm"))]
     assert "model.qk_norm=false" in ablation["command"]
@@ -117,7 +117,7 @@ def test_a_rerun_skips_every_finished_run(corpus, suite):
     before = {p: p.stat().st_mtime_ns for p in (tmp / "results" / "runs").rglob("done.json")}
     again = reproduce(corpus, tmp, "--parts", "all")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout.count("done, skipped") == 22 and "started" not in again.stdout
+    assert again.stdout.count("done, skipped") == 24 and "started" not in again.stdout
     assert {p: p.stat().st_mtime_ns for p in (tmp / "results" / "runs").rglob("done.json")} == before
 
 
@@ -141,6 +141,21 @@ def test_dry_run_lists_the_commands_and_trains_nothing(corpus, tmp_path):
     res = reproduce(corpus, tmp_path, "--parts", "lr", "--dry-run")
     assert res.returncode == 0
     assert res.stdout.count("python train.py experiment=books/") == 4 and not (tmp_path / "work").exists()
+
+
+def test_the_path_part_lists_path_and_path_fox_at_the_fox_pick(corpus, tmp_path):
+    # the committed sweep results give the picks; --dry-run reads them and trains nothing
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(corpus),
+                          "--out", str(ROOT / "results" / "books"), "--work", str(tmp_path / "work"), "--parts",
+                          "path", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    from eval.reproduction import load_results, picks
+
+    lr = picks(load_results(ROOT / "results" / "books"))["fox"]
+    lines = [ln for ln in res.stdout.splitlines() if "python train.py" in ln]
+    assert [ln.split(" [")[0] for ln in lines] == [f"path_pro-lr{lr:g}-s0", f"path_fox_pro-lr{lr:g}-s0"]
+    assert all("[path]" in ln and f"optim.lr={lr}" in ln for ln in lines)
+    assert "experiment=books/path_fox_pro_125m" in lines[1] and not (tmp_path / "work").exists()
 
 
 def test_a_corpus_without_its_files_is_an_error(tmp_path):

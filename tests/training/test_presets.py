@@ -74,7 +74,8 @@ RESULTS = CONFIGS.parent / "results" / "books"
 @pytest.mark.parametrize("preset", sorted(p.stem for p in BOOKS.glob("*.yaml")))
 def test_books_preset_follows_the_protocol_and_the_sweeps_pick(preset):
     """Every books preset: 125M (12 x 768, heads of 64), 4,096-token context, 32 x 4,096 tokens per step, 400 steps,
-    warmup 10%, cosine to 0, compiled; its lr is its family's pick in the committed sweep results."""
+    warmup 10%, cosine to 0, compiled; its lr is its family's pick in the committed sweep results (PaTH and
+    PaTH-FoX train at FoX (Pro)'s)."""
     from eval.reproduction import load_results, picks
 
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
@@ -86,5 +87,5 @@ def test_books_preset_follows_the_protocol_and_the_sweeps_pick(preset):
     assert cfg.schedule.total_tokens == 400 * 32 * 4096 and cfg.schedule.warmup_tokens == 40 * 32 * 4096
     assert cfg.schedule.min_lr_ratio == 0.0 and cfg.strategy.compile and cfg.eval.heldout_batches is None
     assert cfg.eval.per_token_len == 16384
-    family = "fox" if preset.startswith("fox") else "transformer"
+    family = "fox" if preset.startswith(("fox", "path")) else "transformer"  # PaTH: FoX (Pro)'s pick, not swept
     assert cfg.optim.lr == picks(load_results(RESULTS))[family]
