@@ -154,3 +154,13 @@ def test_size_check_names_file_function_and_length():
     assert list(size_violations(kernel_file, text)) == [f"{kernel_file}:A.long: {too_long}"]
     assert list(size_violations("pkg/big.py", "x = 1\n" * (MAX_FILE_LINES + 1))) == [
         f"pkg/big.py: {MAX_FILE_LINES + 1} lines (> {MAX_FILE_LINES})"]
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by file name (the test dirs are not packages): two test files of one name in
+    different folders stop the whole suite at collection."""
+    names = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    clashes = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not clashes, f"test files sharing a name: {clashes}"
