@@ -7,42 +7,20 @@ stay readable and train.log holds what the console shows::
     held-out loss: 12/40 batch (30%) | 3.1 batch/s | elapsed 0:00:04 | ETA 0:00:09
 
 On a terminal the same text is redrawn in place (at most 5 times a second). ``every`` defaults to the
-environment's ``FOX_PROGRESS_SECONDS`` (10 when unset).
+environment's ``FOX_PROGRESS_SECONDS`` (10 when unset); the number formats are the data jobs' progress lines
+(``data/progress.py``).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Callable, Iterable, Iterator, TypeVar
 
+from ..data.progress import clock_text, progress_every, rate_text
+
 T = TypeVar("T")
 _REDRAW_S = 0.2
-
-
-def default_every() -> float:
-    value = os.environ.get("FOX_PROGRESS_SECONDS", "10")
-    try:
-        every = float(value)
-    except ValueError:
-        raise ValueError(f"FOX_PROGRESS_SECONDS={value!r}: expected a number of seconds") from None
-    if every < 0:
-        raise ValueError(f"FOX_PROGRESS_SECONDS={value!r}: must be >= 0")
-    return every
-
-
-def _clock_text(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-def rate_text(rate: float) -> str:
-    """A rate with three significant digits and a k/M/G suffix."""
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if rate >= scale:
-            return f"{rate / scale:.3g}{suffix}"
-    return f"{rate:.3g}"
 
 
 class Progress:
@@ -56,7 +34,7 @@ class Progress:
                  every: float | None = None, stream=None, enabled: bool = True,
                  clock: Callable[[], float] = time.monotonic, detail: Callable[[], str] | None = None):
         self.total, self.desc, self.unit, self.n, self.start_n = total, desc, unit, initial, initial
-        self.every = default_every() if every is None else every
+        self.every = progress_every() if every is None else every
         self.stream, self.enabled, self.clock, self.detail = stream, enabled, clock, detail
         self.t0 = self.t_line = self.t_draw = clock()
         self.closed, self.lines, self.n_line = False, 0, None
@@ -83,9 +61,9 @@ class Progress:
         parts = [f"{self.desc}: {count}", f"{rate_text(rate)} {self.unit}/s" if done else f"-- {self.unit}/s"]
         if self.detail is not None:
             parts.append(self.detail())
-        parts.append(f"elapsed {_clock_text(elapsed)}")
+        parts.append(f"elapsed {clock_text(elapsed)}")
         if self.total is not None and self.n < self.total:
-            parts.append(f"ETA {_clock_text((self.total - self.n) / rate)}" if rate > 0 else "ETA --")
+            parts.append(f"ETA {clock_text((self.total - self.n) / rate)}" if rate > 0 else "ETA --")
         return " | ".join(parts)
 
     def update(self, n: int = 1) -> None:

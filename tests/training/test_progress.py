@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from forgetting_transformer.training.progress import Progress, default_every, progress
+from forgetting_transformer.training.progress import Progress, progress, progress_every
 from test_train_e2e import command, run
 
 
@@ -92,9 +92,9 @@ def test_disabled_prints_nothing_and_bad_interval_names_the_variable(monkeypatch
     assert out.getvalue() == ""
     monkeypatch.setenv("FOX_PROGRESS_SECONDS", "soon")
     with pytest.raises(ValueError, match="FOX_PROGRESS_SECONDS='soon'"):
-        default_every()
+        progress_every()
     monkeypatch.setenv("FOX_PROGRESS_SECONDS", "60")
-    assert default_every() == 60.0
+    assert progress_every() == 60.0
 
 
 def test_train_py_prints_progress_for_training_and_evaluation_into_train_log(markov_data_dir, tmp_path):
