@@ -100,7 +100,21 @@ class FoXConfig(PretrainedConfig):
         return d
 
 
-class FoXCacheLayer(LayerCache, CacheLayerMixin):
+class BatchOps:
+    """transformers' batch operations of a cache layer (beam search, contrastive search), each applied to every
+    cached tensor by the layer's ``_map_batch(fn)``."""
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices])
+
+
+class FoXCacheLayer(BatchOps, LayerCache, CacheLayerMixin):
     """One layer of ``FoXCache``: a ``LayerCache`` (keys/values (B, Tk, Hkv, D), log forget gates (B, Tk, H),
     KV-shift state) behind the ``transformers`` cache-layer interface.
 
@@ -149,15 +163,6 @@ class FoXCacheLayer(LayerCache, CacheLayerMixin):
             if getattr(self, name) is not None:
                 setattr(self, name, tuple(fn(t) for t in getattr(self, name)))
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map_batch(lambda t: t[indices])
-
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` tokens (transformers 5's convention, as ``DynamicLayer``: a negative
         count; 0 is a no-op), leaving exactly the cache of the shorter prefix."""
@@ -183,7 +188,7 @@ class FoXCacheLayer(LayerCache, CacheLayerMixin):
         raise NotImplementedError("FoXCache does not support offloading")
 
 
-class PathCacheLayer(PathCache, CacheLayerMixin):
+class PathCacheLayer(BatchOps, PathCache, CacheLayerMixin):
     """One layer of ``FoXCache`` for PaTH (``model.mixer=path``): a ``PathCache`` (keys already transformed by every
     later token, values, log forget gates, the convolution and KV-shift states) behind the ``transformers``
     cache-layer interface. The layer fills it itself (``PathAttention.forward``), so ``update`` is never called.
@@ -226,15 +231,6 @@ class PathCacheLayer(PathCache, CacheLayerMixin):
                 setattr(self, name, fn(getattr(self, name)))
         if self.shift_state is not None:
             self.shift_state = tuple(fn(t) for t in self.shift_state)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._map_batch(lambda t: t[indices])
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("a PaTH cache (model.mixer=path) cannot be cropped: decoding rewrote the cached "
