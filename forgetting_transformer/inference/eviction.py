@@ -57,11 +57,20 @@ def thresholds(model, max_len: int, eps: float = DEFAULT_EPS, threshold: float |
     return torch.stack(rows).to(device)
 
 
+def sequence_thresholds(model, real_lengths: torch.Tensor, eps: float = DEFAULT_EPS,
+                        threshold: float | None = None) -> torch.Tensor:
+    """delta per (layer, sequence, query head), (L, B, H): ``thresholds`` with each sequence's own ``max_len``
+    (its real tokens, ``real_lengths`` (B,), left padding not counted), so a sequence drops the keys it would
+    drop decoded alone, whatever the batch it is in."""
+    return torch.stack([thresholds(model, int(n), eps, threshold) for n in real_lengths.tolist()], dim=1)
+
+
 def advance(cache, layer: int, delta: torch.Tensor) -> None:
-    """Move ``cache.key_start[layer]`` (B, H) past every key with ``c_last - c_j < delta`` (H,), where c_last
-    is the newest token's cumulative gate. Exact: whole blocks are tested at their last key, then the block
+    """Move ``cache.key_start[layer]`` (B, H) past every key with ``c_last - c_j < delta`` ((H,) or per
+    sequence (B, H)), where c_last is the newest token's cumulative gate. Exact: whole blocks are tested at their last key, then the block
     holding the boundary key by key (c is non-increasing, so the dropped keys are a prefix). No sync."""
     L, BS, G = cache.length, cache.block_size, cache.group
+    delta = (delta if delta.dim() == 2 else delta[None])[..., None]  # (B | 1, H, 1)
     nb = -(-L // BS)
     c_now = cache.c_last[layer][..., None]  # (B, H, 1)
     start = cache.key_start[layer]  # (B, H)
@@ -71,16 +80,17 @@ def advance(cache, layer: int, delta: torch.Tensor) -> None:
     ends = torch.clamp(i * BS + BS - 1, max=L - 1)
     c_end = cache.c_pool[table.clamp(min=0), g, (ends % BS)[None, None, :]]  # (B, H, nb)
     # blocks wholly before the first kept key (released ones, left padding) count as dropped without a look
-    dropped = ((i * BS + BS - 1)[None, None, :] < start[..., None]) | (c_now - c_end < delta[None, :, None])
+    dropped = ((i * BS + BS - 1)[None, None, :] < start[..., None]) | (c_now - c_end < delta)
     blk = dropped.sum(-1, keepdim=True).clamp(max=nb - 1)  # (B, H, 1) the block holding the boundary
     pos = blk * BS + torch.arange(BS, device=start.device)  # (B, H, BS)
     c_blk = cache.c_pool[table.gather(2, blk).clamp(min=0), g, pos % BS]
-    dropped = (pos < start[..., None]) | ((c_now - c_blk < delta[None, :, None]) & (pos < L))
+    dropped = (pos < start[..., None]) | ((c_now - c_blk < delta) & (pos < L))
     torch.maximum(start, blk[..., 0] * BS + dropped.sum(-1), out=start)
 
 
 def evict(cache, deltas: torch.Tensor) -> None:
-    """``advance`` every layer (``deltas`` (L, H)), then release the blocks no query head of a row can see."""
+    """``advance`` every layer (``deltas`` (L, H) or (L, B, H)), then release the blocks no query head of a row
+    can see."""
     for layer in range(cache.n_layers):
         advance(cache, layer, deltas[layer])
     cache.release()

@@ -18,7 +18,7 @@ import torch
 
 from ..ops.acp import DEFAULT_EPS
 from .cache import PagedKVCache, cdiv
-from .eviction import evict, thresholds
+from .eviction import evict, sequence_thresholds
 from .prompts import batch_prompts
 from .sampling import Sampler
 
@@ -81,7 +81,7 @@ def decoder_of(model):
 def prefill(model, cache: PagedKVCache, input_ids, seq_start, chunk: int | None = None, deltas=None):
     """Run the prompt (B, P) into an empty cache; returns the logits (B, V) of its last position. ``chunk``: that
     many tokens per forward through the cache (bounds the memory of long prompts, with eviction after each);
-    ``deltas``: eviction thresholds (L, H), or None."""
+    ``deltas``: eviction thresholds (L, H) or (L, B, H), or None."""
     model.check_token_ids(input_ids)
     cache.begin(seq_start)
     padded = seq_start if bool((seq_start > 0).any()) else None
@@ -289,7 +289,9 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, do_s
     B, P = ids.shape
     max_len = P + max_new_tokens
     eps = getattr(lm.cfg, "acp_eps", DEFAULT_EPS) if acp_eps is None else acp_eps
-    deltas = thresholds(lm, max_len, eps, eviction_threshold) if eviction else None
+    # each sequence's own bound (its real tokens + max_new_tokens): the batch does not change what it drops
+    deltas = (sequence_thresholds(lm, P - seq_start + max_new_tokens, eps, eviction_threshold) if eviction
+              else None)
     if dtype is None:
         dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
                  else lm.embed.weight.dtype)

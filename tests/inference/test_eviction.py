@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from inference_models import LOCAL, PRO, VARIANTS, tiny
 from test_decode_kernel import dense_attention
 from forgetting_transformer.inference import PagedKVCache, evict, generate, thresholds
+from forgetting_transformer.inference.eviction import sequence_thresholds
 from forgetting_transformer.inference.cache import DecodeLayer
 from forgetting_transformer.ops.acp import acp_threshold
 from forgetting_transformer.ops.decode import forgetting_attention_decode
@@ -125,7 +126,9 @@ def test_dropped_mass_stays_below_eps_and_dropped_keys_stay_below_the_threshold(
     writes, attends = record_decoding(monkeypatch)
     out = generate(model, prompts, max_new_tokens=60, block_size=16, acp_eviction=True, **kwargs)
     seq_start = torch.tensor([0, 7, 4])
-    deltas = thresholds(model, 9 + 60, kwargs.get("acp_eps", 1.0 - 1e-9), kwargs.get("eviction_threshold"))
+    # each sequence's bound counts its own tokens: 9, 2 and 5 prompt tokens, 60 new ones
+    deltas = sequence_thresholds(model, 9 - seq_start + 60, kwargs.get("acp_eps", 1.0 - 1e-9),
+                                 kwargs.get("eviction_threshold"))  # (L, B, H)
     G = 4 // model.blocks[0].attn.n_kv_heads
     keys = [torch.cat([k for i, k, _ in writes if i == layer], 1) for layer in range(2)]  # (B, S, Hkv, D)
     gates = [torch.cat([c for i, _, c in writes if i == layer], 1) for layer in range(2)]  # (B, S, H)
@@ -141,7 +144,7 @@ def test_dropped_mass_stays_below_eps_and_dropped_keys_stay_below_the_threshold(
             worst = max(worst, float((w * dropped).sum(-1).max()))
             dropped_any |= bool(dropped.any())
             # a dropped key is below the threshold for this query, and so for every query after the drop
-            assert ((c[b, i][:, None] - c[b, j].T < deltas[layer][:, None]) | ~dropped).all()
+            assert ((c[b, i][:, None] - c[b, j].T < deltas[layer, b][:, None]) | ~dropped).all()
     assert dropped_any and len(attends) == 2 * 59
     if "acp_eps" in kwargs:
         assert 0 < worst <= kwargs["acp_eps"]
@@ -186,3 +189,21 @@ def test_chunked_prefill_with_long_padding_and_eviction_equals_the_full_cache(ch
         torch.testing.assert_close(out.logits, full.logits, rtol=0, atol=1e-5)
         # every block of padding only went back to the pools: row 1's blocks 0 and 1, in 2 layers x 2 kv heads
         assert out.stats["blocks_in_use"] <= full.stats["blocks_in_use"] == 2 * 2 * (7 + 5)
+
+
+def test_each_sequence_is_evicted_by_its_own_bound(prompts, monkeypatch):
+    """The threshold of a sequence counts its own tokens (prompt without padding + max_new_tokens), as if it were
+    decoded alone: padding to the batch's longest prompt does not make it keep more."""
+    import sys
+
+    gen = sys.modules["forgetting_transformer.inference.generate"]  # (the package's ``generate`` is the function)
+    model = tiny(LOCAL)
+    seen = []
+    real_evict = gen.evict
+    monkeypatch.setattr(gen, "evict", lambda cache, deltas: (seen.append(deltas), real_evict(cache, deltas))[1])
+    generate(model, prompts, max_new_tokens=20, block_size=16, acp_eviction=True, acp_eps=1e-4)
+    assert seen and all(torch.equal(d, seen[0]) for d in seen)
+    for b, p in enumerate(prompts):
+        alone = thresholds(model, len(p) + 20, eps=1e-4)  # (L, H)
+        assert torch.equal(seen[0][:, b], alone)
+    assert not torch.equal(seen[0][:, 0], seen[0][:, 1])  # 9 and 2 prompt tokens: different bounds
