@@ -53,6 +53,13 @@ def _parallel_path_attn():
     return parallel_path_attn
 
 
+@torch.compiler.disable
+def _fla_path_attn(q, k, v, w, beta, g, *, scale: float, use_cache: bool):
+    """fla's kernel outside torch.compile's graph. fla disables compile on ``parallel_path_attn`` itself, but the
+    first call also imports fla, and Dynamo cannot trace the import (fla's version checks at import time)."""
+    return _parallel_path_attn()(q, k, v, w, beta, g, scale=scale, use_cache=use_cache)
+
+
 class PathCache:
     """What one PaTH layer carries from earlier tokens to later ones when decoding incrementally.
 
@@ -230,7 +237,7 @@ class PathAttention(nn.Module):
         scale = 1.0 / math.sqrt(self.head_dim)
         # fla scales the decay bias together with the scores, (q.k + g_i - g_j) * scale; FoX's bias is unscaled.
         g = None if log_fgate is None else log_fgate.float() / scale
-        o, keys = _parallel_path_attn()(q, k, v, w.float(), beta.float(), g, scale=scale, use_cache=return_keys)
+        o, keys = _fla_path_attn(q, k, v, w.float(), beta.float(), g, scale=scale, use_cache=return_keys)
         return o, None if keys is None else keys.float()
 
     def _attend_rows(self, inp: PathInputs, seq_start: torch.Tensor, return_keys: bool):

@@ -8,6 +8,10 @@ in fp32; the ``gpu`` test runs it in bf16 at a training-like length.
 """
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -235,6 +239,7 @@ def test_triton_backend_without_a_gpu_or_the_interpreter_is_an_error(monkeypatch
 # fla's kernel (the Triton interpreter on a CPU).
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ROOT = Path(__file__).resolve().parents[2]
 # Relative L2 errors allowed against the reference in fp32 (output, gradients): the interpreter computes in NumPy
 # fp32; on a GPU the kernel's fp32 dots may use TF32, and it casts w to fp16 for the inter-chunk products.
 KERNEL_TOL = (1e-5, 1e-4) if DEVICE == "cpu" else (5e-3, 2e-2)
@@ -304,6 +309,31 @@ def test_kernel_takes_left_padding_row_by_row_as_the_reference_masks_it():
     real = torch.arange(12, device=DEVICE)[None, :] >= seq_start[:, None]  # (B, T): pad outputs are 0 in both
     assert rel_err(out["triton"][real], out["reference"][real]) < KERNEL_TOL[0]
     assert not out["triton"][2].any()
+
+
+COMPILED_FIRST_CALL = """
+import sys, torch
+sys.path.insert(0, "tests/models")
+from test_path import DEVICE, PRO, make_layer, rel_err
+layer = make_layer(dtype=torch.float32, heads=(4, 2), head_dim=16, fgate="data_dependent", **PRO).to(DEVICE)
+layer.backend = "triton"
+x = torch.randn(2, 24, 16, device=DEVICE)
+out = torch.compile(layer, backend="eager")(x)
+layer.backend = "reference"
+print("rel_err", rel_err(out, layer(x)))
+"""
+
+
+def test_the_kernel_runs_under_torch_compile_when_its_first_call_is_compiled():
+    """fla is imported on the first kernel call. In a fresh process (fla not imported yet), as in ``train.py`` with
+    ``strategy.compile=true``, that first call happens inside a compiled graph, where Dynamo cannot trace the
+    import; it must run and give the reference's output."""
+    pytest.importorskip("fla")
+    env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1" if DEVICE == "cpu" else "0")}
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", COMPILED_FIRST_CALL], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert float(res.stdout.split("rel_err")[-1]) < KERNEL_TOL[0]
 
 
 @pytest.mark.gpu
