@@ -11,6 +11,14 @@ from ..ops import forgetting_attention
 FGATE_TYPES = ("data_dependent", "data_independent", "fixed", "none")
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the layers' precision-sensitive steps (norms, gates, shifts, rotations) compute in: float32 for
+    16-bit inputs, float64 for float64 ones. A plain ``.float()`` would round a float64 model's activations to
+    float32 there, and float32 results differ by an ulp between vectorised and scalar CPU loops, so a float64
+    model's cached decoding would no longer reproduce its full forward to float64 precision."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -18,8 +26,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 (bf16 sums of squares lose precision), return in the input dtype.
-        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        # Normalise in fp32 or wider (bf16 sums of squares lose precision), return in the input dtype.
+        dt = compute_dtype(x.dtype)
+        return F.rms_norm(x.to(dt), (x.shape[-1],), self.weight.to(dt), self.eps).to(x.dtype)
 
 
 def mlp_hidden_size(d_model: int, ratio: float, multiple_of: int) -> int:
@@ -42,13 +51,14 @@ class SwiGLU(nn.Module):
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
     """Rotary position embedding (rotate-half convention) of x (B, T, H, D) at integer positions (T,) or (B, T)."""
     D = x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)  # (D/2,)
-    angles = positions.to(torch.float32)[..., None] * inv_freq  # (T, D/2) or (B, T, D/2)
+    dt = compute_dtype(x.dtype)
+    inv_freq = base ** (-torch.arange(0, D, 2, device=x.device, dtype=dt) / D)  # (D/2,)
+    angles = positions.to(dt)[..., None] * inv_freq  # (T, D/2) or (B, T, D/2)
     if angles.dim() == 2:
         angles = angles[None]
     cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, :, None, :]  # (B|1, T, 1, D)
     sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, :, None, :]
-    xf = x.float()
+    xf = x.to(dt)
     rotated = torch.cat([-xf[..., D // 2 :], xf[..., : D // 2]], dim=-1)
     return (xf * cos + rotated * sin).to(x.dtype)
 
@@ -66,12 +76,13 @@ class KVShift(nn.Module):
     def forward(self, h: torch.Tensor, x: torch.Tensor, x_last: torch.Tensor | None = None) -> torch.Tensor:
         # h (B, T, d_model) layer input; x (B, T, H, D) projected keys or values; x_last (B, 1, H, D): the
         # unshifted x of the token before x[:, 0] when decoding with a cache (None: x_{-1} = 0).
-        alpha = torch.sigmoid(self.proj(h).float()).unsqueeze(-1)  # (B, T, H, 1)
+        dt = compute_dtype(x.dtype)
+        alpha = torch.sigmoid(self.proj(h).to(dt)).unsqueeze(-1)  # (B, T, H, 1)
         if x_last is None:
             x_prev = F.pad(x, (0, 0, 0, 0, 1, 0))[:, :-1]  # (B, T, H, D) shifted right by one token
         else:
             x_prev = torch.cat([x_last, x[:, :-1]], dim=1)  # (B, T, H, D)
-        return (alpha * x_prev.float() + (1 - alpha) * x.float()).to(x.dtype)
+        return (alpha * x_prev.to(dt) + (1 - alpha) * x.to(dt)).to(x.dtype)
 
 
 def decay_bias_init(n_heads: int, t_min: float, t_max: float) -> torch.Tensor:
@@ -87,7 +98,7 @@ def decay_bias_init(n_heads: int, t_min: float, t_max: float) -> torch.Tensor:
 
 
 class ForgetGate(nn.Module):
-    """log f_t per head and token, (B, T, H) fp32, for the three gate types of the paper:
+    """log f_t per head and token, (B, T, H) in ``compute_dtype``, for the three gate types of the paper:
 
     - ``data_dependent``: ``f = sigmoid(W_f x + b_f)``;
     - ``data_independent``: ``f = sigmoid(b_f)`` with trained ``b_f``;
@@ -118,13 +129,94 @@ class ForgetGate(nn.Module):
                 bias.copy_(decay_bias_init(bias.numel(), *self.init_range))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # fp32: log f accumulates over thousands of tokens.
+        # fp32 or wider: log f accumulates over thousands of tokens.
         if self.kind == "data_dependent":
-            return F.logsigmoid(self.proj(x).float())  # (B, T, H)
-        return F.logsigmoid(self.bias.float()).expand(x.shape[0], x.shape[1], -1)  # (B, T, H)
+            logits = self.proj(x)
+            return F.logsigmoid(logits.to(compute_dtype(logits.dtype)))  # (B, T, H)
+        return F.logsigmoid(self.bias.to(compute_dtype(self.bias.dtype))).expand(x.shape[0], x.shape[1], -1)
 
 
-class Attention(nn.Module):
+def left_padding(seq_start: torch.Tensor | None, past: int, T: int, device) -> torch.Tensor | None:
+    """(B, T) bool: which of T new tokens, after ``past`` cached ones, lie before their row's ``seq_start`` (B,)
+    (left padding); None without ``seq_start``."""
+    if seq_start is None:
+        return None
+    return past + torch.arange(T, device=device) < seq_start[:, None]
+
+
+class AttentionBase(nn.Module):
+    """The submodules every attention layer shares (``Attention``; ``path.PathAttention``), built in one place.
+
+    Registered in this order: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``; the position encoding's own modules
+    (``build_position``); ``fgate``; ``k_shift``, ``v_shift``; ``q_norm``, ``k_norm``; ``o_norm``; ``g_proj``
+    (each switch None when off). The names are the state-dict keys of checkpoints and Hugging Face exports, and
+    the order is the one in which a model's initialisation draws their weights, so neither may change.
+    ``position`` holds the keyword arguments of ``build_position``.
+    """
+
+    def __init__(self, cfg, head_dim: int, n_heads: int, n_kv_heads: int, **position):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.q_proj = nn.Linear(d, n_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
+        self.build_position(cfg, **position)
+        self.fgate = None if cfg.fgate == "none" else ForgetGate(d, n_heads, cfg.fgate, cfg.fgate_init)
+        self.k_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
+        self.v_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
+        self.q_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.o_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.output_norm else None
+        self.g_proj = nn.Linear(d, n_heads * head_dim, bias=False) if cfg.output_gate else None
+
+    def build_position(self, cfg, **position) -> None:
+        """The position encoding's settings and submodules, registered after the four projections."""
+        raise NotImplementedError
+
+    def project_qkv(self, x: torch.Tensor, pad: torch.Tensor | None, shift_state: tuple | None):
+        """x (B, T, d_model) → q (B, T, H, D) and k, v (B, T, Hkv, D) after KV-shift and QK-norm, and the
+        unshifted (k, v) each (B, T, Hkv, D) for the next call's shift (None without KV-shift). ``pad`` (B, T):
+        left-padding tokens (``left_padding``) or None; ``shift_state``: the cached unshifted (k, v) whose last
+        token precedes x, or None (``x_{-1} = 0``)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        unshifted = None
+        if self.k_shift is not None:
+            if pad is not None:
+                # Zero the pads' unshifted k/v so the first real token mixes in x_{-1} = 0, as in an unpadded row.
+                k, v = k.masked_fill(pad[:, :, None, None], 0.0), v.masked_fill(pad[:, :, None, None], 0.0)
+            k_last, v_last = (None, None) if shift_state is None else (s[:, -1:] for s in shift_state)
+            unshifted = (k, v)
+            k, v = self.k_shift(x, k, k_last), self.v_shift(x, v, v_last)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v, unshifted
+
+    def log_fgate(self, x: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor | None:
+        """x (B, T, d_model) → log f (B, T, H) fp32 or wider (None without a forget gate), 0 at the pads ``pad``
+        (B, T): pad gates cancel out of every c_i - c_j a real query sees, so zeroing them makes the cumulative
+        sums identical to the unpadded row's."""
+        if self.fgate is None:
+            return None
+        log_fgate = self.fgate(x)  # (B, T, H)
+        return log_fgate if pad is None else log_fgate.masked_fill(pad[:, :, None], 0.0)
+
+    def output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Per-head attention outputs o (B, T, H, D) → the layer's output (B, T, d_model): output norm, output
+        gate (from the layer input x), o_proj."""
+        B, T = x.shape[:2]
+        if self.o_norm is not None:
+            o = self.o_norm(o)
+        if self.g_proj is not None:
+            o = o * torch.sigmoid(self.g_proj(x)).view(B, T, self.n_heads, self.head_dim)
+        return self.o_proj(o.reshape(B, T, self.n_heads * self.head_dim))
+
+
+class Attention(AttentionBase):
     """Multi-head causal attention with every FoX / Transformer switch of the paper.
 
     Order inside the layer (the paper's Pro block): project q/k/v → KV-shift → QK-norm → RoPE →
@@ -133,23 +225,12 @@ class Attention(nn.Module):
     """
 
     def __init__(self, cfg, head_dim: int, n_heads: int, n_kv_heads: int):
-        super().__init__()
-        d = cfg.d_model
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.rope_base = cfg.rope_base if cfg.rope else None
-        self.q_proj = nn.Linear(d, n_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(d, n_kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
-        self.fgate = None if cfg.fgate == "none" else ForgetGate(d, n_heads, cfg.fgate, cfg.fgate_init)
-        self.k_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
-        self.v_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
-        self.q_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.o_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.output_norm else None
-        self.g_proj = nn.Linear(d, n_heads * head_dim, bias=False) if cfg.output_gate else None
+        super().__init__(cfg, head_dim, n_heads, n_kv_heads)
         # ACP: skip keys the forget gates have decayed past a weight bound (acp_eps per row); U from QK-norm weights
         self.acp = dict(adaptive_threshold="auto", acp_eps=cfg.acp_eps) if cfg.acp else {}
+
+    def build_position(self, cfg) -> None:
+        self.rope_base = cfg.rope_base if cfg.rope else None  # RoPE has no parameters
 
     def forward(self, x: torch.Tensor, *, cache: LayerCache | None = None, seq_start: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -183,51 +264,21 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, *, cache: LayerCache | None = None, seq_start: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None):
         """x (B, T, d_model) → the attention op's inputs: q (B, T, H, D); k, v (B, Tk, Hkv, D) and log f
-        (B, Tk, H) fp32 (None without a forget gate), Tk = cached + new tokens. Separate from ``forward`` so that
-        analyses (eval/gates) read exactly what the op receives."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        (B, Tk, H) fp32 or wider (None without a forget gate), Tk = cached + new tokens. Separate from ``forward``
+        so that analyses (eval/gates) read exactly what the op receives."""
+        T = x.shape[1]
         past = cache.get_seq_length() if cache is not None else 0
-        pad = None
-        if seq_start is not None:
-            pad = past + torch.arange(T, device=x.device) < seq_start[:, None]  # (B, T) left-padding tokens
-        shift_state = None
-        if self.k_shift is not None:
-            if pad is not None:
-                # Zero the pads' unshifted k/v so the first real token mixes in x_{-1} = 0, as in an unpadded row.
-                k, v = k.masked_fill(pad[:, :, None, None], 0.0), v.masked_fill(pad[:, :, None, None], 0.0)
-            k_last, v_last = cache.shift_state if cache is not None and cache.shift_state is not None else (None, None)
-            # (B, T, Hkv, D) unshifted: LayerCache keeps the last token's for the next call; the Hugging Face cache
-            # keeps every token's, so it can be cropped back to any length.
-            shift_state = (k, v)
-            k, v = self.k_shift(x, k, k_last), self.v_shift(x, v, v_last)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        pad = left_padding(seq_start, past, T, x.device)  # (B, T) or None
+        # The unshifted (B, T, Hkv, D) k, v: LayerCache keeps the last token's for the next call; the Hugging Face
+        # cache keeps every token's, so it can be cropped back to any length.
+        q, k, v, shift_state = self.project_qkv(x, pad, cache.shift_state if cache is not None else None)
         if self.rope_base is not None:
             pos = torch.arange(T, device=x.device) if positions is None else positions
             q, k = apply_rotary(q, pos, self.rope_base), apply_rotary(k, pos, self.rope_base)
-        log_fgate = None
-        if self.fgate is not None:
-            log_fgate = self.fgate(x)  # (B, T, H) fp32
-            if pad is not None:
-                # Pad gates cancel out of every c_i - c_j a real query sees; zeroing them makes the cumulative sums
-                # identical to the unpadded row's.
-                log_fgate = log_fgate.masked_fill(pad[:, :, None], 0.0)
+        log_fgate = self.log_fgate(x, pad)  # (B, T, H) or None
         if cache is not None:
             k, v, log_fgate = cache.update(k, v, log_fgate, shift_state)  # (B, Tk, Hkv, D) ×2, (B, Tk, H) | None
         return q, k, v, log_fgate
-
-    def output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        """Per-head attention outputs o (B, T, H, D) → the layer's output (B, T, d_model): output norm, output
-        gate (from the layer input x), o_proj."""
-        B, T = x.shape[:2]
-        if self.o_norm is not None:
-            o = self.o_norm(o)
-        if self.g_proj is not None:
-            o = o * torch.sigmoid(self.g_proj(x)).view(B, T, self.n_heads, self.head_dim)
-        return self.o_proj(o.reshape(B, T, self.n_heads * self.head_dim))
 
 
 def _masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_start: torch.Tensor | None) -> torch.Tensor:

@@ -5,8 +5,9 @@ PaTH (Yang et al. 2025) encodes position by accumulating data-dependent Househol
 forget gate it is PaTH-FoX, which adds FoX's decay bias ``c_i - c_j``. Per token and kv head the layer computes
 
 - ``w_t``: a low-rank projection of the layer input (``d_model -> w_rank -> Hkv * D``), a causal depthwise
-  convolution of width ``conv_size`` with SiLU, then L2 normalisation per head (float32);
-- ``beta_t = 2 * sigmoid(b_proj(x_t))`` in ``(0, 2)`` (float32): beyond 1 the transform has a negative eigenvalue.
+  convolution of width ``conv_size`` with SiLU, then L2 normalisation per head (float32, float64 in a float64
+  model);
+- ``beta_t = 2 * sigmoid(b_proj(x_t))`` in ``(0, 2)`` (as w): beyond 1 the transform has a negative eigenvalue.
 
 Order inside the layer: project q/k/v → KV-shift → QK-norm → PaTH attention (with the forget gate's ``log f`` when
 there is one) → output norm → output gate → o_proj, as in ``Attention`` but with no RoPE: the transforms carry
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from ..ops import forgetting_attention
 from ..ops.options import default_options, interpreting
 from ..ops.path_reference import path_attention_ref, path_transform_keys
-from .layers import Attention, ForgetGate, KVShift, RMSNorm
+from .layers import AttentionBase, compute_dtype, left_padding
 
 BACKENDS = (None, "triton", "reference")
 KERNEL_HEAD_DIMS = (16, 32, 64, 128)  # parallel_path_attn's supported head dims
@@ -68,7 +69,7 @@ class PathCache:
       float32 because every decoded token rewrites all of them, and rounding to bf16 at each rewrite would
       accumulate;
     - ``values`` (B, Tk, Hkv, D) after KV-shift;
-    - ``log_fgate`` (B, Tk, H) fp32 (None without a forget gate);
+    - ``log_fgate`` (B, Tk, H) fp32 or wider (None without a forget gate);
     - ``conv_state`` (B, conv_size - 1, Hkv * D): the last tokens' inputs to the convolution of ``w``;
     - ``shift_state`` ``(k, v)`` each (B, 1, Hkv, D) (None without KV-shift): the last token's unshifted k, v.
     """
@@ -88,16 +89,18 @@ class PathInputs(NamedTuple):
     v: torch.Tensor  # (B, T, Hkv, D)
     w: torch.Tensor  # (B, T, Hkv, D) unit norm, float32 or wider
     beta: torch.Tensor  # (B, T, Hkv) in (0, 2), float32 or wider
-    log_fgate: torch.Tensor | None  # (B, T, H) fp32
+    log_fgate: torch.Tensor | None  # (B, T, H) fp32 or wider
     conv_state: torch.Tensor  # (B, conv_size - 1, Hkv * D)
     shift_state: tuple | None  # unshifted (k, v) of the last token, each (B, 1, Hkv, D)
 
 
-class PathAttention(nn.Module):
+class PathAttention(AttentionBase):
     """Multi-head causal PaTH attention (PaTH-FoX with a forget gate) with the Pro switches of ``Attention``.
 
     ``cfg`` is the model config (``d_model``, ``fgate``, ``fgate_init``, ``qk_norm``, ``output_gate``,
-    ``output_norm``, ``kv_shift``, ``norm_eps``; ``rope`` and ``acp`` must be false). Keyword arguments:
+    ``output_norm``, ``kv_shift``, ``norm_eps``; ``rope`` and ``acp`` must be false); the submodules of those
+    switches come from ``AttentionBase``, the PaTH ones (``w_proj``, ``w_conv``, ``b_proj``) from
+    ``build_position``. Keyword arguments:
 
     - ``w_rank``: rank of the projection that produces ``w`` (default 32, fla's choice); None: a full
       ``d_model x Hkv * D`` projection;
@@ -108,7 +111,6 @@ class PathAttention(nn.Module):
 
     def __init__(self, cfg, head_dim: int, n_heads: int, n_kv_heads: int, *, w_rank: int | None = 32,
                  conv_size: int = 3, backend: str | None = None):
-        super().__init__()
         if cfg.rope:
             raise ValueError("PaTH attention takes no RoPE (model.rope must be false): its Householder transforms "
                              "carry the positional information")
@@ -118,28 +120,18 @@ class PathAttention(nn.Module):
             raise ValueError(f"backend must be one of {BACKENDS}; got {backend!r}")
         if conv_size < 1 or (w_rank is not None and w_rank < 1):
             raise ValueError(f"conv_size and w_rank must be >= 1 (w_rank None: full rank); got {conv_size}, {w_rank}")
-        d, kv_dim = cfg.d_model, n_kv_heads * head_dim
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.conv_size, self.backend = conv_size, backend
-        self.q_proj = nn.Linear(d, n_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(d, kv_dim, bias=False)
-        self.v_proj = nn.Linear(d, kv_dim, bias=False)
-        self.o_proj = nn.Linear(n_heads * head_dim, d, bias=False)
+        super().__init__(cfg, head_dim, n_heads, n_kv_heads, w_rank=w_rank, conv_size=conv_size)
+        self.backend = backend
+
+    def build_position(self, cfg, *, w_rank: int | None, conv_size: int) -> None:
+        """The transforms' parameters: ``w_proj`` and ``w_conv`` for w, ``b_proj`` for beta."""
+        d, kv_dim = cfg.d_model, self.n_kv_heads * self.head_dim
+        self.conv_size = conv_size
         # Low rank by default: a full projection would add d_model x Hkv*D parameters per layer.
         self.w_proj = (nn.Linear(d, kv_dim, bias=False) if w_rank is None
                        else nn.Sequential(nn.Linear(d, w_rank, bias=False), nn.Linear(w_rank, kv_dim, bias=False)))
         self.w_conv = nn.Conv1d(kv_dim, kv_dim, conv_size, groups=kv_dim, bias=False)  # depthwise, causal by padding
-        self.b_proj = nn.Linear(d, n_kv_heads, bias=True)
-        self.fgate = None if cfg.fgate == "none" else ForgetGate(d, n_heads, cfg.fgate, cfg.fgate_init)
-        self.k_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
-        self.v_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
-        self.q_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.o_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.output_norm else None
-        self.g_proj = nn.Linear(d, n_heads * head_dim, bias=False) if cfg.output_gate else None
-
-    # Output norm → output gate → o_proj, exactly as in the FoX attention.
-    output = Attention.output
+        self.b_proj = nn.Linear(d, self.n_kv_heads, bias=True)
 
     def forward(self, x: torch.Tensor, *, cache: PathCache | None = None, seq_start: torch.Tensor | None = None,
                 positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,32 +161,14 @@ class PathAttention(nn.Module):
                 seq_start: torch.Tensor | None = None) -> PathInputs:
         """x (B, T, d_model) → the new tokens' attention inputs (``PathInputs``); reads the cache's convolution
         and shift states, writes nothing."""
-        B, T, _ = x.shape
-        past = cache.get_seq_length() if cache is not None else 0
-        pad = None
-        if seq_start is not None:
-            pad = (past + torch.arange(T, device=x.device) < seq_start[:, None])[:, :, None]  # (B, T, 1) padding
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        shift_state = None
-        if self.k_shift is not None:
-            if pad is not None:  # zero the pads' unshifted k/v: the first real token mixes in x_{-1} = 0
-                k, v = k.masked_fill(pad[..., None], 0.0), v.masked_fill(pad[..., None], 0.0)
-            k_last, v_last = cache.shift_state if cache is not None and cache.shift_state is not None else (None, None)
-            shift_state = (k[:, -1:], v[:, -1:])
-            k, v = self.k_shift(x, k, k_last), self.v_shift(x, v, v_last)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        T = x.shape[1]
+        pad = left_padding(seq_start, cache.get_seq_length() if cache is not None else 0, T, x.device)  # (B, T)
+        q, k, v, unshifted = self.project_qkv(x, pad, cache.shift_state if cache is not None else None)
+        shift_state = None if unshifted is None else tuple(s[:, -1:] for s in unshifted)
         w, conv_state = self._householder_vectors(x, pad, cache.conv_state if cache is not None else None)
-        dt = torch.promote_types(x.dtype, torch.float32)  # float32 (float64 in float64 tests) as the kernel wants
-        beta = 2.0 * torch.sigmoid(self.b_proj(x).to(dt))  # (B, T, Hkv) in (0, 2)
-        log_fgate = None
-        if self.fgate is not None:
-            log_fgate = self.fgate(x)  # (B, T, H) fp32
-            if pad is not None:  # pad gates cancel out of every c_i - c_j a real query sees
-                log_fgate = log_fgate.masked_fill(pad, 0.0)
-        return PathInputs(q, k, v, w, beta, log_fgate, conv_state, shift_state)
+        # float32 as the kernel wants (float64 in a float64 model)
+        beta = 2.0 * torch.sigmoid(self.b_proj(x).to(compute_dtype(x.dtype)))  # (B, T, Hkv) in (0, 2)
+        return PathInputs(q, k, v, w, beta, self.log_fgate(x, pad), conv_state, shift_state)
 
     def _householder_vectors(self, x: torch.Tensor, pad: torch.Tensor | None, conv_state: torch.Tensor | None):
         """x (B, T, d_model) → (w (B, T, Hkv, D) unit norm per head in float32 or wider, the new conv_state
@@ -202,12 +176,12 @@ class PathAttention(nn.Module):
         B, T, _ = x.shape
         u = self.w_proj(x)  # (B, T, Hkv * D)
         if pad is not None:  # the first real token's convolution window sees zeros, as in an unpadded row
-            u = u.masked_fill(pad, 0.0)
+            u = u.masked_fill(pad[:, :, None], 0.0)
         if conv_state is None:
             conv_state = u.new_zeros(B, self.conv_size - 1, u.shape[-1])
         u = torch.cat([conv_state.to(u.dtype), u], dim=1)  # (B, conv_size - 1 + T, Hkv * D)
         w = F.silu(F.conv1d(u.transpose(1, 2), self.w_conv.weight, groups=u.shape[-1]).transpose(1, 2))
-        w = w.view(B, T, self.n_kv_heads, self.head_dim).to(torch.promote_types(x.dtype, torch.float32))
+        w = w.view(B, T, self.n_kv_heads, self.head_dim).to(compute_dtype(x.dtype))
         return F.normalize(w, dim=-1), u[:, T:]  # (B, T, Hkv, D); the last conv_size - 1 inputs
 
     def _resolve_backend(self, q: torch.Tensor) -> str:
@@ -272,7 +246,7 @@ class PathAttention(nn.Module):
                 gates = torch.cat([gates, inp.log_fgate[:, t : t + 1]], dim=1)  # (B, Tk, H)
             q = inp.q[:, t : t + 1]  # (B, 1, H, D)
             log_f = gates if gates is not None else q.new_zeros(q.shape[0], keys.shape[1], self.n_heads,
-                                                                 dtype=torch.float32)  # no gate: softmax attention
+                                                                 dtype=compute_dtype(q.dtype))  # no gate: softmax
             outs.append(forgetting_attention(q, keys.to(q.dtype), values, log_f, seq_start=seq_start))
         cache.keys, cache.values, cache.log_fgate = keys, values, gates
         return torch.cat(outs, dim=1)
