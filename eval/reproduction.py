@@ -5,7 +5,7 @@
     python scripts/make_tables.py --table books --inputs results/books  # the tables alone
 
 ``render_tables(out)`` returns ``{name: markdown}`` for the sections of docs/reproduction.md (``sweep``, ``claim1``,
-``claim2``, ``claim3``, ``claim4``, ``claim5``, ``claim6``, ``runs``); a claim whose runs are missing says which.
+``claim2``, ``claim3``, ``claim4``, ``claim5``, ``claim6``, ``path``, ``runs``); a claim whose runs are missing says which.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 LABELS = {"fox_pro": "FoX (Pro)", "transformer_pro": "Transformer (Pro)", "fox_llama": "FoX (LLaMA)",
-          "transformer_llama": "Transformer (LLaMA)", "transformer_llama_no_rope": "Transformer (LLaMA) w/o RoPE"}
+          "transformer_llama": "Transformer (LLaMA)", "transformer_llama_no_rope": "Transformer (LLaMA) w/o RoPE",
+          "path_pro": "PaTH (Pro)", "path_fox_pro": "PaTH-FoX (Pro)"}
 FAMILY = {"fox": "fox_pro", "transformer": "transformer_pro"}
 BANDS = ((1, 512), (513, 4096), (4097, 8192), (8193, 16384))  # positions i (1-based, inclusive) of L(i)
 ABLATIONS = ("fox_pro", "fox_pro_no_kv_shift", "fox_pro_no_output_gate", "fox_pro_no_output_norm",
@@ -263,6 +264,36 @@ def claim6_table(runs: list[RunResult]) -> str:
             + "\n\nScore 1 (no key word of the answer) to 10 (all of them), mean over depths.")
 
 
+# The PaTH comparison: each model's position information, at its family's pick (PaTH at FoX (Pro)'s)
+PATH_ROWS = (("transformer_pro", "transformer", "RoPE"), ("fox_pro", "fox", "forget gate"),
+             ("path_pro", "fox", "PaTH"), ("path_fox_pro", "fox", "PaTH + forget gate"))
+
+
+def path_runs(runs: list[RunResult]) -> list[tuple[RunResult, str]]:
+    """(seed-0 run at the pick, position information) per model of the PaTH comparison that has one."""
+    pick, out = picks(runs), []
+    for label, family, position in PATH_ROWS:
+        rs = [r for r in primary(runs, label, family, pick) if r.seed == 0]
+        if rs:
+            out.append((rs[0], position))
+    return out
+
+
+def path_table(runs: list[RunResult]) -> str:
+    chosen = path_runs(runs)
+    if not any(r.label.startswith("path") for r, _ in chosen):
+        return "Not run yet: `--parts path`."
+    rows = []
+    for r, position in chosen:
+        b = _bands(r.loss_curve) if r.loss_curve is not None else [None] * len(BANDS)
+        rise = b[3] - b[1] if b[3] is not None and b[1] is not None else None
+        rows.append([f"{LABELS[r.label]} ({r.name})", position, _fmt(r.heldout),
+                     _fmt(math.exp(r.heldout), 2) if math.isfinite(r.heldout) else "–", *(_fmt(x) for x in b),
+                     _fmt(rise)])
+    return _table(["model (run)", "position information", "held-out loss", "perplexity",
+                   *[f"L, i in {a:,}–{b:,}" for a, b in BANDS], "L(8,193–16,384) − L(513–4,096)"], rows, "llrrrrrrr")
+
+
 def runs_table(runs: list[RunResult]) -> str:
     rows = [[r.name, r.part, _fmt(r.heldout), f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "–", r.device,
              r.versions] for r in runs]
@@ -274,11 +305,12 @@ def render_tables(out) -> dict[str, str]:
     return {"sweep": sweep_table(runs), "claim1": claim1_table(runs),
             "claim2": claim2_table(runs) + "\n\n" + claim2_gap_table(runs), "claim3": claim3_table(runs),
             "claim4": claim4_table(runs), "claim5": claim5_table(runs), "claim6": claim6_table(runs),
-            "runs": runs_table(runs)}
+            "path": path_table(runs), "runs": runs_table(runs)}
 
 
 def write_plots(out, image_dir) -> list[Path]:
-    """The L(i) figure of the main models (claim 2) and the ACP histogram of FoX (Pro) (claim 5)."""
+    """The L(i) figures of the main models (claim 2) and of the PaTH comparison, and the ACP histogram of FoX (Pro)
+    (claim 5)."""
     from eval.per_token_loss.plot import plot_per_token_loss
 
     runs, image_dir, files = load_results(out), Path(image_dir), []
@@ -287,6 +319,11 @@ def write_plots(out, image_dir) -> list[Path]:
         files.append(plot_per_token_loss([r.path / "per_token_loss.json" for r in chosen],
                                          image_dir / "books_per_token_loss.png", window=501,
                                          labels=[LABELS.get(r.label, r.label) for r in chosen]))
+    chosen = [r for r, _ in path_runs(runs) if r.loss_curve is not None]
+    if any(r.label.startswith("path") for r in chosen):
+        files.append(plot_per_token_loss([r.path / "per_token_loss.json" for r in chosen],
+                                         image_dir / "books_per_token_loss_path.png", window=501,
+                                         labels=[LABELS[r.label] for r in chosen]))
     fox = [r for r in primary(runs, "fox_pro", "fox", picks(runs)) if (r.path / "acp" / "acp.png").is_file()]
     if fox:
         shutil.copyfile(fox[0].path / "acp" / "acp.png", image_dir / "books_acp_fox_pro.png")

@@ -104,8 +104,8 @@ def suite() -> list[Run]:
     for seed in (0, 1):
         runs.append(Run("fox_pro_acp", "fox_pro", "fox", "acp", seed=seed, overrides=["model.acp=true"],
                         acp_trajectory=seed == 0))
-    # no needle test for PaTH: its cached decoding rewrites every cached key per token (eager, batch 1), ~40 s per
-    # 2k-token cell on an H200, so the 24 cells would triple the part's time, for a test no 125M model passes
+    # no needle test for PaTH: its decoding is eager, one prompt at a time (docs/path.md); on an H200 the runner
+    # estimated 7 minutes per mode, more than doubling the part's time for a test no 125M model passes
     runs += [Run("path_pro", "path_pro", "fox", "path"),
              Run("path_fox_pro", "path_fox_pro", "fox", "path")]
     return runs
