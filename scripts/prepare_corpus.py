@@ -72,6 +72,7 @@ def main(argv=None) -> int:
             min_doc_tokens=a.min_doc_tokens, heldout_docs=a.heldout_docs, text_key=a.text_key,
             strip_gutenberg=not a.no_strip_gutenberg, max_docs=a.max_docs, hf_dataset=a.hf_dataset,
             hf_split=a.hf_split, seed=a.seed, heldout_inputs=a.heldout, progress=not a.quiet, force=a.force,
+            summary=False,  # printed below, on stdout, whether built now or found up to date
         )
     except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)

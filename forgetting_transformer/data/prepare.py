@@ -246,14 +246,15 @@ def ensure_prepared(out_dir, *, inputs=None, tokenizer: str = "train-bpe", vocab
                     text_key: str = "text", strip_gutenberg: bool = True,
                     max_docs: int | None = None, hf_dataset: str | None = None,
                     hf_split: str = "train", seed: int = 0, heldout_inputs=None,
-                    progress: bool = True, force: bool = False) -> Path:
+                    progress: bool = True, force: bool = False, summary: bool = True) -> Path:
     """Return ``out_dir`` once it holds a build with exactly these settings.
 
     If ``out_dir/meta.json`` records the same settings (and the input files' sizes/mtimes are
     unchanged) nothing is done. Otherwise the corpus is built into a temporary directory
     beside ``out_dir`` and renamed into place, so a crash never leaves a half-written
     ``out_dir``. An existing ``out_dir`` is replaced only if it is empty or was written by this
-    module (never, e.g., a LongCrawl64 download). ``inputs`` defaults to the embedded corpus.
+    module (never, e.g., a LongCrawl64 download). ``inputs`` defaults to the embedded corpus. With ``progress``
+    and ``summary``, a build ends with its summary on stderr (``summary=False``: the caller prints it).
     """
     out_dir = Path(out_dir)
     if inputs is None and not hf_dataset:
@@ -306,7 +307,7 @@ def ensure_prepared(out_dir, *, inputs=None, tokenizer: str = "train-bpe", vocab
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    if progress:
+    if progress and summary:
         print(format_summary(meta, out_dir), file=sys.stderr)
     return out_dir
 

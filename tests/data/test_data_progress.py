@@ -196,3 +196,18 @@ def test_prepare_cli_bad_interval_is_a_clear_error(tmp_path, monkeypatch, capsys
     assert cli.main([str(tmp_path / "a.txt"), str(tmp_path / "a.txt"), "--out", str(tmp_path / "o")]) == 1
     assert capsys.readouterr().err == "error: FOX_PROGRESS_SECONDS='soon': expected a number of seconds\n"
     assert not (tmp_path / "o").exists()
+
+
+def test_prepare_cli_prints_the_summary_once_on_stdout(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("prepare_corpus_cli", REPO / "scripts" / "prepare_corpus.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")
+    for name, words in (("a.txt", "words and more words "), ("b.txt", "other words again ")):
+        (tmp_path / name).write_text(words * 200)
+    args = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt"), "--out", str(tmp_path / "o"), "--vocab-size", "270",
+            "--doc-len", "32", "--heldout-docs", "1"]
+    for _ in range(2):  # built, then found up to date: the summary once on stdout each time, never on stderr
+        assert cli.main(args) == 0
+        out, err = capsys.readouterr()
+        assert out.count(f"prepared {tmp_path / 'o'}") == 1 and "prepared " not in err, (out, err)
