@@ -91,3 +91,31 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="I/N",
+                     help="run the I-th of N disjoint parts of the selected tests (items I, I+N, ... in collection "
+                          "order, so parametrizations of one test spread over the parts); for GPU suites longer "
+                          "than one sitting, e.g. benchmarks/attention/gpu_tests.sh with SHARD=1/3")
+
+
+def _shard(value: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard {value!r}: expected I/N with integers, e.g. 1/3") from None
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"--shard {value!r}: I must be in 1..N")
+    return i, n
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection, so the parts split what would run
+def pytest_collection_modifyitems(config, items):
+    value = config.getoption("--shard")
+    if value is None:
+        return
+    i, n = _shard(value)
+    keep = [item for k, item in enumerate(items) if k % n == i - 1]
+    config.hook.pytest_deselected(items=[item for k, item in enumerate(items) if k % n != i - 1])
+    items[:] = keep

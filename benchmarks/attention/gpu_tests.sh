@@ -8,9 +8,11 @@
 # fit the GPU's shared memory; the pass that counts), then with each head dim's fixed configs (FOX_AUTOTUNE=0).
 # Then the shared-memory bound by which configs are pruned, against this triton's compiler (compile_kernels --smem,
 # no GPU needed), and the benchmark. Exits 1 if any step failed.
-# PASSES (default "autotuned fixed"), PYTEST_K (a pytest -k expression, e.g. PYTEST_K='fused or acp'),
-# SKIP_TESTS=1, SKIP_SMEM=1 and SKIP_BENCH=1 split the run into several shorter ones; PYTEST_ARGS adds other pytest
-# flags (split on spaces, e.g. -x); BENCH_ARGS, the benchmark's.
+# PASSES (default "autotuned fixed"), SHARD=I/N (the I-th of N disjoint parts of the tests, round robin; an
+# autotuned pass on one H200 takes longer than 10 minutes, so e.g. SHARD=1/3, 2/3, 3/3 in three calls), PYTEST_K
+# (a pytest -k expression, e.g. PYTEST_K='fused or acp'), SKIP_TESTS=1, SKIP_SMEM=1 and SKIP_BENCH=1 split the run
+# into several shorter ones; PYTEST_ARGS adds other pytest flags (split on spaces, e.g. -x); BENCH_ARGS, the
+# benchmark's.
 set -uo pipefail
 OUTDIR=${OUT:-outputs/gpu}
 mkdir -p "$OUTDIR"
@@ -40,9 +42,10 @@ if [ "${SKIP_TESTS:-0}" != "1" ]; then
       fixed) autotune=0 ;;
       *) echo "PASSES: unknown pass '$pass' (autotuned, fixed)" >&2; exit 2 ;;
     esac
-    echo "== GPU tests, $pass configs (FOX_AUTOTUNE=$autotune)"
-    FOX_AUTOTUNE=$autotune python3 -m pytest -m gpu tests/ops -q -s ${PYTEST_K:+-k "$PYTEST_K"} ${PYTEST_ARGS:-} 2>&1 \
-      | tee "$OUTDIR/gpu_tests_$pass.log" || status=1
+    echo "== GPU tests, $pass configs (FOX_AUTOTUNE=$autotune)${SHARD:+, part $SHARD}"
+    FOX_AUTOTUNE=$autotune python3 -m pytest -m gpu tests/ops -q -s ${PYTEST_K:+-k "$PYTEST_K"} \
+      ${SHARD:+--shard "$SHARD"} --durations=10 ${PYTEST_ARGS:-} 2>&1 \
+      | tee "$OUTDIR/gpu_tests_$pass${SHARD:+_part${SHARD%/*}}.log" || status=1
   done
 fi
 if [ "${SKIP_SMEM:-0}" != "1" ]; then
