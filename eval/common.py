@@ -266,47 +266,52 @@ def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, optio
     """Greedy continuations of ``prompts`` (token id lists), in their order: ``generation_groups`` of them run as
     left-padded batches through ``forgetting_transformer.inference.generate``, and each row's new tokens (up to
     and including its first eos) are put back at its prompt's index. ``on_group(n)`` is called after each group
-    of ``n`` prompts (progress). A PaTH model (model.mixer=path), which the static path does not run, decodes one
-    prompt at a time through its own cache (``_greedy_path``; the batching options do not apply)."""
+    of ``n`` prompts (progress). A PaTH model (model.mixer=path), which the static path does not run, decodes each
+    group through its own cache (``_greedy_path``)."""
     from forgetting_transformer.inference import generate
     from forgetting_transformer.models.decoder import is_path
 
     lm = _decoder(model)
     eos = set(eos_token_id or ())
-    if is_path(lm.cfg):
-        answers = []
-        for prompt in prompts:
-            answers.append(_greedy_path(lm, prompt, max_new_tokens, eos))
-            if on_group is not None:
-                on_group(1)
-        return answers
     chunk = options.chunk_for(lm)
     answers: list[list[int] | None] = [None] * len(prompts)
     for group in generation_groups([len(p) for p in prompts], options.batch_size, options.max_batch_tokens):
-        out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens, do_sample=False,
-                       eos_token_id=eos_token_id, pad_token_id=pad_token_id, acp_eviction=options.acp_eviction,
-                       prefill_chunk=chunk)
-        new = out.sequences[:, max(len(prompts[i]) for i in group):].tolist()
-        for i, row in zip(group, new):
+        if is_path(lm.cfg):
+            rows = _greedy_path(lm, [prompts[i] for i in group], max_new_tokens, eos)
+        else:
+            out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens, do_sample=False,
+                           eos_token_id=eos_token_id, pad_token_id=pad_token_id, acp_eviction=options.acp_eviction,
+                           prefill_chunk=chunk)
+            rows = out.sequences[:, max(len(prompts[i]) for i in group):].tolist()
+        for i, row in zip(group, rows):
             answers[i] = until_eos(row, eos)
         if on_group is not None:
             on_group(len(group))
     return answers
 
 
-def _greedy_path(lm, prompt: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
-    """Greedy continuation of one prompt by a PaTH ``DecoderLM`` (model.mixer=path) through its own decoding cache
-    (``new_cache``: the prompt in parallel, then one token at a time), up to and including the first eos. One
-    prompt at a time: fla's kernel has no padding mask and would run a padded batch row by row anyway."""
+def _greedy_path(lm, prompts: list[list[int]], max_new_tokens: int, eos: set[int]) -> list[list[int]]:
+    """Greedy new tokens of a group of prompts by a PaTH ``DecoderLM`` (model.mixer=path) through its own decoding
+    cache (``new_cache``): the left-padded prompts in parallel (``seq_start`` masks the pads; fla's kernel, which
+    has no mask, runs a padded batch row by row), then one token per row per step, until every row has produced
+    an eos or ``max_new_tokens`` (rows past their eos keep decoding; ``until_eos`` cuts them)."""
     device = lm.embed.weight.device
-    cache, ids, new = lm.new_cache(), torch.tensor([prompt], device=device), []  # ids (1, T)
+    T = max(len(p) for p in prompts)
+    starts = [T - len(p) for p in prompts]
+    ids = torch.tensor([[0] * s + p for s, p in zip(starts, prompts)], device=device)  # (B, T), pads masked
+    seq_start = torch.tensor(starts, device=device) if any(starts) else None
+    eos_ids = torch.tensor(sorted(eos), device=device, dtype=torch.long)
+    cache, new = lm.new_cache(), []
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
-        nxt = int(lm.lm_head(lm.hidden_states(ids, cache=cache)[:, -1]).argmax())  # logits of the last token only
+        logits = lm.lm_head(lm.hidden_states(ids, cache=cache, seq_start=seq_start)[:, -1])  # last token only
+        nxt = logits.argmax(-1)  # (B,)
         new.append(nxt)
-        if nxt in eos:
+        done |= torch.isin(nxt, eos_ids)
+        if bool(done.all()):
             break
-        ids = torch.tensor([[nxt]], device=device)
-    return new
+        ids = nxt[:, None]  # (B, 1)
+    return torch.stack(new, dim=1).tolist()
 
 
 def generate_texts(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, options: GenerationOptions, *,

@@ -287,8 +287,8 @@ def test_table_markdown_and_latex(tmp_path):
 
 def test_a_path_run_predicts_each_example_as_its_greedy_continuation(tiny_text_run, train_on_prepared_data,
                                                                       tmp_path):
-    # PaTH (model.mixer=path) decodes one prompt at a time through its own cache; each prediction is transformers'
-    # greedy generate() on the prompt alone
+    # PaTH (model.mixer=path) decodes through its own cache; each prediction is transformers' greedy generate() on
+    # the prompt alone
     import torch
 
     from eval.common import load_model_and_tokenizer

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from eval.common import (GenerationOptions, generate_batched, generation_groups, load_model_and_tokenizer,
                          prepare_for_generation, run_tokenizer)
 from eval.niah import plot, run
-from tests.inference.inference_models import LOCAL, VARIANTS, tiny
+from tests.inference.inference_models import LOCAL, PRO, VARIANTS, tiny
 
 SENTENCES = [f"Sentence number {i} says that the {['red', 'green', 'blue'][i % 3]} fox jumps {i % 5} times."
              for i in range(400)]
@@ -219,7 +219,7 @@ def test_batched_cells_equal_one_at_a_time(tiny_text_run, tmp_path, hay_dir):
 
 
 def test_a_path_run_evaluates_each_cell_as_its_greedy_continuation(tiny_path_run, tmp_path, hay_dir):
-    # PaTH has no static-cache path: generate_batched decodes it one prompt at a time through its own cache
+    # PaTH has no static-cache path: generate_batched decodes its left-padded batches through its own cache
     gen = GenerationOptions(batch_size=4)
     out = run.evaluate_model(tiny_path_run, tmp_path / "niah", lengths=[200, 300], depths=[0, 100],
                              haystack=str(hay_dir), max_new_tokens=6, generation=gen, progress=False)
@@ -264,10 +264,14 @@ def test_generation_groups_cover_every_prompt_longest_first():
     assert generation_groups([], batch_size=8) == []
 
 
+# PaTH decodes through its own cache (eval.common._greedy_path), not the static path the other variants take
+PATH_VARIANTS = {"path_fox_pro": dict(mixer="path", **PRO), "path_gqa": dict(mixer="path", fgate="none", n_kv_heads=2)}
+
+
 def tiny_lm(variant: str):
     """A tiny DecoderLM of tests/inference in float32 (peaked next-token distributions: no greedy choice is a near
     tie that rounding could flip)."""
-    return tiny(VARIANTS[variant], dtype=torch.float32)
+    return tiny({**VARIANTS, **PATH_VARIANTS}[variant], dtype=torch.float32)
 
 
 def greedy_alone(model, prompt, steps, eos):
@@ -290,6 +294,8 @@ def greedy_alone(model, prompt, steps, eos):
     # prefill_chunk 4 < the left padding of the short rows: whole chunks of padding
     ("transformer_pro_gqa", dict(batch_size=4, prefill_chunk=4)),
     ("transformer_llama", dict(batch_size=1)),
+    ("path_fox_pro", dict(batch_size=3)),
+    ("path_gqa", dict(batch_size=8, max_batch_tokens=40)),
 ])
 def test_generate_batched_equals_greedy_decoding_alone(variant, options):
     model = tiny_lm(variant)
