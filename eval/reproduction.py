@@ -144,6 +144,13 @@ def _bands(curve: np.ndarray) -> list[float | None]:
     return [float(curve[a - 1:b].mean()) if len(curve) >= b else None for a, b in BANDS]
 
 
+def _band_cells(curve: np.ndarray | None) -> list[str]:
+    """L(i) per band, then the rise past the training length, L(8,193–16,384) − L(513–4,096), formatted."""
+    b = _bands(curve) if curve is not None else [None] * len(BANDS)
+    rise = b[3] - b[1] if b[3] is not None and b[1] is not None else None
+    return [*(_fmt(x) for x in b), _fmt(rise)]
+
+
 def claim2_runs(runs: list[RunResult]) -> list[RunResult]:
     """One run per model for the L(i) figure: seed 0 at the family's pick (seed 1 where seed 0 is missing)."""
     pick, out = picks(runs), []
@@ -162,9 +169,7 @@ def claim2_table(runs: list[RunResult]) -> str:
     heads = [f"L, i in {a:,}–{b:,}" for a, b in BANDS]
     rows = []
     for r in chosen:
-        b = _bands(r.loss_curve)
-        rise = b[3] - b[1] if b[3] is not None and b[1] is not None else None
-        rows.append([f"{LABELS.get(r.label, r.label)} ({r.name})", *(_fmt(x) for x in b), _fmt(rise)])
+        rows.append([f"{LABELS.get(r.label, r.label)} ({r.name})", *_band_cells(r.loss_curve)])
     return _table(["model (run)", *heads, "L(8,193–16,384) − L(513–4,096)"], rows)
 
 
@@ -285,11 +290,8 @@ def path_table(runs: list[RunResult]) -> str:
         return "Not run yet: `--parts path`."
     rows = []
     for r, position in chosen:
-        b = _bands(r.loss_curve) if r.loss_curve is not None else [None] * len(BANDS)
-        rise = b[3] - b[1] if b[3] is not None and b[1] is not None else None
         rows.append([f"{LABELS[r.label]} ({r.name})", position, _fmt(r.heldout),
-                     _fmt(math.exp(r.heldout), 2) if math.isfinite(r.heldout) else "–", *(_fmt(x) for x in b),
-                     _fmt(rise)])
+                     _fmt(math.exp(r.heldout), 2) if math.isfinite(r.heldout) else "–", *_band_cells(r.loss_curve)])
     return _table(["model (run)", "position information", "held-out loss", "perplexity",
                    *[f"L, i in {a:,}–{b:,}" for a, b in BANDS], "L(8,193–16,384) − L(513–4,096)"], rows, "llrrrrrrr")
 

@@ -100,9 +100,16 @@ class FoXConfig(PretrainedConfig):
         return d
 
 
-class BatchOps:
-    """transformers' batch operations of a cache layer (beam search, contrastive search), each applied to every
-    cached tensor by the layer's ``_map_batch(fn)``."""
+class GrowingLayerOps:
+    """What both cache layers share in the ``transformers`` interface: a cache that grows by concatenation (the
+    mask spans every cached token plus the new ones; no maximum length), and the batch operations (beam search,
+    contrastive search), each applied to every cached tensor by the layer's ``_map_batch(fn)``."""
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -114,7 +121,7 @@ class BatchOps:
         self._map_batch(lambda t: t[indices])
 
 
-class FoXCacheLayer(BatchOps, LayerCache, CacheLayerMixin):
+class FoXCacheLayer(GrowingLayerOps, LayerCache, CacheLayerMixin):
     """One layer of ``FoXCache``: a ``LayerCache`` (keys/values (B, Tk, Hkv, D), log forget gates (B, Tk, H),
     KV-shift state) behind the ``transformers`` cache-layer interface.
 
@@ -141,12 +148,6 @@ class FoXCacheLayer(BatchOps, LayerCache, CacheLayerMixin):
             self.unshifted = shift_state if self.unshifted is None else tuple(
                 torch.cat([old, new], dim=1) for old, new in zip(self.unshifted, shift_state))
         return LayerCache.update(self, k, v, log_fgate, shift_state)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
 
     def reset(self) -> None:
         LayerCache.__init__(self)
@@ -188,7 +189,7 @@ class FoXCacheLayer(BatchOps, LayerCache, CacheLayerMixin):
         raise NotImplementedError("FoXCache does not support offloading")
 
 
-class PathCacheLayer(BatchOps, PathCache, CacheLayerMixin):
+class PathCacheLayer(GrowingLayerOps, PathCache, CacheLayerMixin):
     """One layer of ``FoXCache`` for PaTH (``model.mixer=path``): a ``PathCache`` (keys already transformed by every
     later token, values, log forget gates, the convolution and KV-shift states) behind the ``transformers``
     cache-layer interface. The layer fills it itself (``PathAttention.forward``), so ``update`` is never called.
@@ -214,12 +215,6 @@ class PathCacheLayer(BatchOps, PathCache, CacheLayerMixin):
 
     def update(self, *args, **kwargs):
         raise TypeError("a PaTH cache layer is filled by PathAttention itself, not through update()")
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.get_seq_length() + query_length, 0
-
-    def get_max_length(self) -> int:
-        return -1
 
     def reset(self) -> None:
         PathCache.__init__(self)

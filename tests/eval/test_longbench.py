@@ -199,10 +199,6 @@ def test_run_end_to_end_on_a_tiny_run(tiny_text_run, tmp_path, capsys, monkeypat
 
 
 def test_batched_predictions_equal_one_at_a_time(tiny_text_run, tmp_path):
-    import torch
-
-    from eval.common import load_model_and_tokenizer
-
     datasets = ["hotpotqa", "trec", "multi_news"]  # prompts of different lengths (multi_news cut to 512)
     outs = {}
     for bs in (1, 2):  # 2: groups of the two longest prompts, then the shortest
@@ -214,17 +210,25 @@ def test_batched_predictions_equal_one_at_a_time(tiny_text_run, tmp_path):
         files = {bs: (out / f"{d}.jsonl").read_text(encoding="utf-8") for bs, out in outs.items()}
         assert files[1] == files[2], d  # byte for byte, whatever the batch size
     assert len({(out / "scores.json").read_text() for out in outs.values()}) == 1
-    # every saved prediction is transformers' own greedy generate() on that example's prompt alone
-    model, tok, _ = load_model_and_tokenizer(tiny_text_run)
+    for d in datasets:
+        assert [r["_id"] for r in run.read_predictions(outs[2] / f"{d}.jsonl")] == [x["_id"] for x in _lines(d)]
+    assert_predictions_are_greedy_alone(tiny_text_run, outs[2], datasets, max_length=512, max_new_tokens=6)
+
+
+def assert_predictions_are_greedy_alone(run_dir, out, datasets, *, max_length, max_new_tokens):
+    """Every prediction saved in ``out`` is transformers' own greedy generate() on that example's prompt alone."""
+    import torch
+
+    from eval.common import load_model_and_tokenizer
+
+    model, tok, _ = load_model_and_tokenizer(run_dir)
     prompts, _ = run.load_configs()
     for d in datasets:
-        rows = run.read_predictions(outs[2] / f"{d}.jsonl")
-        assert [r["_id"] for r in rows] == [x["_id"] for x in _lines(d)]
-        for row, example in zip(rows, _lines(d)):
-            ids = run.encode_prompt(tok, run.build_prompt(prompts[d], example), 512)
+        for row, example in zip(run.read_predictions(out / f"{d}.jsonl"), _lines(d)):
+            ids = run.encode_prompt(tok, run.build_prompt(prompts[d], example), max_length)
             x = torch.tensor([ids])
             with torch.no_grad():
-                new = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=6,
+                new = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                                      do_sample=False, num_beams=1)[0, len(ids):]
             assert row["pred"] == tok.decode(new.tolist(), skip_special_tokens=True), (d, row["_id"])
             assert row["prompt_tokens"] == len(ids)
@@ -289,9 +293,6 @@ def test_a_path_run_predicts_each_example_as_its_greedy_continuation(tiny_text_r
                                                                       tmp_path):
     # PaTH (model.mixer=path) decodes through its own cache; each prediction is transformers' greedy generate() on
     # the prompt alone
-    import torch
-
-    from eval.common import load_model_and_tokenizer
     from tests.eval.test_niah import path_run_of
 
     path_run = path_run_of(tiny_text_run, train_on_prepared_data)
@@ -300,13 +301,4 @@ def test_a_path_run_predicts_each_example_as_its_greedy_continuation(tiny_text_r
               "--max-length", "384", "--limit", "2", "--max-new-tokens", "4", "--device", "cpu", "--no-progress"])
     res = json.loads((out / "scores.json").read_text())
     assert res["name"].startswith("path_fox_pro") and res["n"] == {"hotpotqa": 2, "trec": 2}
-    model, tok, _ = load_model_and_tokenizer(path_run)
-    prompts, _ = run.load_configs()
-    for d in ("hotpotqa", "trec"):
-        for row, example in zip(run.read_predictions(out / f"{d}.jsonl"), _lines(d)):
-            ids = run.encode_prompt(tok, run.build_prompt(prompts[d], example), 384)
-            x = torch.tensor([ids])
-            with torch.no_grad():
-                new = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=4,
-                                     do_sample=False, num_beams=1)[0, len(ids):]
-            assert row["pred"] == tok.decode(new.tolist(), skip_special_tokens=True), (d, row["_id"])
+    assert_predictions_are_greedy_alone(path_run, out, ["hotpotqa", "trec"], max_length=384, max_new_tokens=4)
