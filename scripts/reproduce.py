@@ -26,7 +26,7 @@ Parts (each one under 10 minutes on a machine of two H100s, data preparation inc
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro)
 pick. Runs go one per GPU (``--gpus``, default every visible GPU); each trains with ``train.py
 experiment=books/<model>_125m``, then evaluates (per-token loss to 16,384 tokens; needle in a haystack for the main
-models; the forget-gate and ACP analysis for the FoX models, not PaTH, whose attention it does not model),
+and PaTH models; the forget-gate and ACP analysis for the FoX models, not PaTH, whose attention it does not model),
 and its small files land in ``OUT/runs/<run>/``. A run whose ``done.json`` exists is skipped, so re-running a part
 finishes what an interrupted call left; checkpoints stay in ``--work``.
 """
@@ -104,10 +104,8 @@ def suite() -> list[Run]:
     for seed in (0, 1):
         runs.append(Run("fox_pro_acp", "fox_pro", "fox", "acp", seed=seed, overrides=["model.acp=true"],
                         acp_trajectory=seed == 0))
-    # no needle test for PaTH: its decoding is eager, one prompt at a time (docs/path.md); on an H200 the runner
-    # estimated 7 minutes per mode, more than doubling the part's time for a test no 125M model passes
-    runs += [Run("path_pro", "path_pro", "fox", "path"),
-             Run("path_fox_pro", "path_fox_pro", "fox", "path")]
+    runs += [Run("path_pro", "path_pro", "fox", "path", niah=True),
+             Run("path_fox_pro", "path_fox_pro", "fox", "path", niah=True)]
     return runs
 
 
@@ -430,8 +428,8 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", type=Path, default=ROOT / ".cache" / "books", help="tokenized data (zarr)")
     p.add_argument("--work", type=Path, default=ROOT / "outputs" / "reproduce",
                    help="run directories with their checkpoints (default %(default)s)")
-    p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1 (default: every visible GPU), or cpu:N "
-                   "for N jobs at a time on the CPU")
+    p.add_argument("--gpus", default=None, help="GPU ids to use, e.g. 0,1 (default: every visible GPU; an id given "
+                   "twice, 0,0, runs two jobs at once on that GPU), or cpu:N for N jobs at a time on the CPU")
     p.add_argument("--override", nargs="*", default=[], help="extra train.py overrides for every run (tests: a "
                    "tiny model and a few steps); results written with overrides are not the suite's")
     p.add_argument("--only", default=None, help="only the runs whose name matches this pattern (fnmatch), e.g. "
