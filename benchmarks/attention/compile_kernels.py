@@ -64,8 +64,7 @@ def cases(quick=False):
             ("_dlogf_kernel", dict(CHUNK=1024, VEC=128, ROUND_DQ=True, HEAD_DIM=64, BLOCK_D=64, ROWS=128), 4, 3),
             # ACP's tables (float64 scans, tl.gather), as _acp_launch launches them at 16 heads
             ("_acp_cumsum_kernel", dict(SUB=256, HP=16), 4, 3),
-            ("_acp_lo_kernel", dict(GM=64, GN=64, VEC=32, NCHP=128, MODE=2, BLOCK_D=64), 4, 3),
-            ("_acp_hi_kernel", dict(VEC=32), 4, 3)]
+            ("_acp_tables_kernel", dict(GM=64, GN=64, VEC=32, NCHP=128, MODE=2, BLOCK_D=64), 4, 3)]
     return out
 
 

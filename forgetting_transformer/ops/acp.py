@@ -12,9 +12,9 @@ kernels' configs for the head dim), as a per-query-block count ``lo[m]`` of prun
 row ``i`` sees keys ``j >= lo[i // GM] * GN`` only. Each kernel skips its own tiles that lie wholly in the region and
 masks the elements of the tiles that straddle its boundary, so the forward and both backward kernels prune exactly the
 same (i, j) set whatever their tile sizes, and the gradients are exactly those of the pruned forward. The kernel path
-computes ``lo`` and ``hi`` in three Triton launches (``triton_kernels._acp_cumsum_kernel``: chunk-local float64 cumsums;
-``_acp_lo_kernel``: a 32-ary search, then the paper's two-pointer walk, vectorised; ``_acp_hi_kernel``: ``hi`` from
-``lo``), each parallel over positions; ``lo_table`` / ``hi_table`` here are the PyTorch (``torch.searchsorted``)
+computes ``lo`` and ``hi`` in two Triton launches (``triton_kernels._acp_cumsum_kernel``: chunk-local float64 cumsums;
+``_acp_tables_kernel``: per window of blocks a 32-ary search, then the paper's two-pointer walk, vectorised, over
+key blocks for ``lo`` and over query blocks for ``hi``), each parallel over positions; ``lo_table`` / ``hi_table`` here are the PyTorch (``torch.searchsorted``)
 equivalents used to test it and for ``tile_stats``. Requires ``log f <= 0`` (then ``c`` is non-increasing and the
 boundary is monotone).
 """
@@ -139,8 +139,7 @@ def hi_table(lo, Tk, BN):
 
 
 def _tables_torch(lf, delta, Tq, GM, GN):
-    """PyTorch equivalent of the Triton tables (``_acp_lo_kernel``, ``_acp_hi_kernel``): (lo, hi) on the (GM x GN)
-    grid."""
+    """PyTorch equivalent of the Triton tables (``_acp_tables_kernel``): (lo, hi) on the (GM x GN) grid."""
     lo = lo_table(lf, delta, Tq, GM, GN)
     return lo, hi_table(lo, lf.shape[1], GN)
 

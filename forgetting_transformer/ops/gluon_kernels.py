@@ -420,7 +420,7 @@ def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, ck_desc, LF, PK, O, LSE, LO, slb
     contiguous q, k, v with blocks [BLOCK_M, D] / [BLOCK_N, D]; ck_desc: 1-D over the flat PK
     (``forgetting_attention._block_prefix``), blocks [BLOCK_N]. Rows that a block reads past its batch element's
     end are masked (causal) or never stored. ACP when LO is an int32 pointer: ACP's table (B*H, ACP_NQ) on its
-    (ACP_GM x ACP_GN) grid (``_acp_lo_kernel``); each row skips the keys below ``LO[row // ACP_GM] *
+    (ACP_GM x ACP_GN) grid (``_acp_tables_kernel``); each row skips the keys below ``LO[row // ACP_GM] *
     ACP_GN``. Dense: any fp32 pointer."""
     gl.static_assert(NUM_WG == 2 or NUM_WG == 3)
     q_smem = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG] + q_desc.block_type.shape, q_desc.layout)

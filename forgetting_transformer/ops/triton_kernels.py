@@ -686,90 +686,108 @@ def _search_narrow(lo, hi, k, step):
 
 
 @triton.jit
-def _acp_lo_kernel(C, TOT, DELTA_IN, DELTA, LO, GQ, GK, NORMS, B, H, HKV, GROUP, Tq, Tk, NQ, NK, P, NCH,
-                   sgq, sgk, gk_div, NCHN, D, thr_value, sm_scale, sqrt_d, log_tk, log_eps,
-                   GM: tl.constexpr, GN: tl.constexpr, VEC: tl.constexpr, NCHP: tl.constexpr,
-                   MODE: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Phase 2 of ACP's tables: the threshold and LO for VEC query blocks of one (b, h) per program (grid
-    (B*H, cdiv(NQ, VEC))). LO[m] = number of leading key blocks n pruned for query block m
-    (``c[m0] - c[end_n] < delta``; a prefix of the key blocks, as c is non-increasing), capped so that the block
-    holding the query block's first row is never pruned (every row keeps its diagonal). The window's first query
-    block finds its count by a VEC-ary search (each step probes VEC evenly spaced key blocks: log_VEC(NK) steps);
-    then the ACP paper's two-pointer walk (Algorithm 1), vectorised: the window's VEC query blocks are compared
-    with VEC key blocks at a time, moving forward while some query block prunes them all. Program (pid, 0) also
-    writes the threshold (``_acp_threshold``) to DELTA (B*H,) fp32."""
-    pid = tl.program_id(0)
-    w = tl.program_id(1)
-    b = pid // H
-    h = pid % H
+def _acp_lo_window(C, ps, LO, b, h, pid, w, delta, H, Tq, Tk, NQ, NK, P, GM: tl.constexpr, GN: tl.constexpr,
+                   VEC: tl.constexpr):
+    """LO for the query blocks w * VEC + (0..VEC-1) of one (b, h): the number of leading key blocks n pruned
+    for query block m (``c[m0] - c[end_n] < delta``: a prefix of the key blocks, as c is non-increasing), capped
+    so that the block holding the query block's first row is never pruned (every row keeps its diagonal). The
+    window's first query block finds its count by a VEC-ary search (log_VEC(NK) steps); then the ACP paper's
+    two-pointer walk (Algorithm 1), vectorised: the window's VEC query blocks are compared with VEC key blocks
+    at a time, moving forward while some query block prunes them all."""
     off = Tk - Tq
-    delta32 = _acp_threshold(DELTA_IN, GQ, GK, NORMS, pid, b, h, B, H, HKV, GROUP, sgq, sgk, gk_div, NCHN, D,
-                             thr_value, sm_scale, sqrt_d, log_tk, log_eps, MODE, BLOCK_D, VEC)
-    if w == 0:
-        tl.store(DELTA + pid, delta32)
-    delta = delta32.to(tl.float64)
-    if NQ > 0:  # (else this launch only writes the threshold)
-        chs = tl.arange(0, NCHP)
-        tot = tl.load(TOT + (b.to(tl.int64) * NCH + chs) * H + h, mask=chs < NCH, other=0.0)
-        ps = tl.cumsum(tot, 0) - tot  # (NCHP,) the totals of the chunks before each chunk
-        v = tl.arange(0, VEC)
-        mq = w * VEC + v
-        q_ok = mq < NQ
-        thr = _acp_c(C, ps, b, h, tl.minimum(off + mq * GM, Tk - 1), H, Tk, P) - delta
-        thr0 = tl.sum(tl.where(v == 0, thr, 0.0), 0)  # the window's first query block
-        # VEC-ary search for the first query block's count: it lies in [lo, hi]
-        lo = 0
-        hi = NK
-        while hi - lo > VEC:
-            step = (hi - lo + VEC - 1) // VEC
-            nk = lo + v * step
-            ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
-            k = tl.sum(((ce > thr0) & (nk < hi)).to(tl.int32), 0)  # probes 0..k-1 pruned, k.. kept
-            lo, hi = _search_narrow(lo, hi, k, step)
-        p = lo
-        cnt = tl.zeros([VEC], dtype=tl.int32) + p
-        more = p >= 0  # always true; a tensor so the loop-carried type is stable
-        while more:
-            nk = p + v
-            ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
-            ce = tl.where(nk < NK, ce, float("-inf"))
-            add = tl.sum((ce[None, :] > thr[:, None]).to(tl.int32), 1)  # pruned: c[m0] - c[end_n] < delta
-            cnt += add
-            more = (tl.max(tl.where(q_ok, add, 0), 0) == VEC) & (p + VEC < NK)
-            if more:
-                p += VEC
-        cnt = tl.minimum(cnt, (off + mq * GM) // GN)
-        tl.store(LO + pid.to(tl.int64) * NQ + mq, cnt, mask=q_ok)
+    v = tl.arange(0, VEC)
+    mq = w * VEC + v
+    q_ok = mq < NQ
+    thr = _acp_c(C, ps, b, h, tl.minimum(off + mq * GM, Tk - 1), H, Tk, P) - delta  # (VEC,) pruned: c_end > thr
+    thr0 = tl.sum(tl.where(v == 0, thr, 0.0), 0)
+    lo = 0
+    hi = NK
+    while hi - lo > VEC:  # the first query block's count lies in [lo, hi]
+        step = (hi - lo + VEC - 1) // VEC
+        nk = lo + v * step
+        ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
+        k = tl.sum(((ce > thr0) & (nk < hi)).to(tl.int32), 0)  # probes 0..k-1 pruned, k.. kept
+        lo, hi = _search_narrow(lo, hi, k, step)
+    p = lo
+    cnt = tl.zeros([VEC], dtype=tl.int32) + p
+    more = p >= 0  # always true; a tensor so the loop-carried type is stable
+    while more:
+        nk = p + v
+        ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
+        ce = tl.where(nk < NK, ce, float("-inf"))
+        add = tl.sum((ce[None, :] > thr[:, None]).to(tl.int32), 1)  # pruned: c[m0] - c[end_n] < delta
+        cnt += add
+        more = (tl.max(tl.where(q_ok, add, 0), 0) == VEC) & (p + VEC < NK)
+        if more:
+            p += VEC
+    cnt = tl.minimum(cnt, (off + mq * GM) // GN)
+    tl.store(LO + pid.to(tl.int64) * NQ + mq, cnt, mask=q_ok)
 
 
 @triton.jit
-def _acp_hi_kernel(LO, HI, NQ, NK, VEC: tl.constexpr):
-    """Phase 3 of ACP's tables: HI[n] = last query block m with LO[m] <= n (-1 if none), for VEC key blocks of
-    one (b, h) per program (grid (B*H, cdiv(NK, VEC))), derived from LO (non-decreasing) by the same search and
-    walk, so the forward and both backward kernels prune exactly one region."""
-    pid = tl.program_id(0)
-    w = tl.program_id(1)
-    LO_base = LO + pid.to(tl.int64) * NQ
+def _acp_hi_window(C, ps, HI, b, h, pid, w, delta, H, Tq, Tk, NQ, NK, P, GM: tl.constexpr, GN: tl.constexpr,
+                   VEC: tl.constexpr):
+    """HI for the key blocks w * VEC + (0..VEC-1) of one (b, h): the last query block m with LO[m] <= n (-1 if
+    none), from c directly rather than from LO, so that one launch writes both tables. LO[m] = min(pruned
+    count, diagonal cap) <= n iff key block n is kept by the threshold (``c[end_n] <= c[m0] - delta``) or
+    holds or precedes m's first row; each holds on a prefix of the query blocks (the threshold's as c is
+    non-increasing), so HI[n] + 1 is the longer prefix: the threshold's by the same search and walk as LO's
+    (over query blocks), the cap's in closed form. The comparisons are LO's negated on the same float64
+    values, so the forward and both backward kernels prune exactly one region."""
+    off = Tk - Tq
     v = tl.arange(0, VEC)
     nk = w * VEC + v
     k_ok = nk < NK
-    n0 = w * VEC
+    ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)  # (VEC,) non-increasing
+    ce0 = tl.sum(tl.where(v == 0, ce, 0.0), 0)
     lo = 0
     hi = NQ
-    while hi - lo > VEC:
+    while hi - lo > VEC:  # the first key block's count lies in [lo, hi]
         step = (hi - lo + VEC - 1) // VEC
         mq = lo + v * step
-        k = tl.sum(((tl.load(LO_base + mq, mask=mq < hi, other=2147483647) <= n0) & (mq < hi)).to(tl.int32), 0)
+        thr = _acp_c(C, ps, b, h, tl.minimum(off + mq * GM, Tk - 1), H, Tk, P) - delta
+        k = tl.sum(((thr >= ce0) & (mq < hi)).to(tl.int32), 0)  # probes 0..k-1 keep the block, k.. prune it
         lo, hi = _search_narrow(lo, hi, k, step)
     p = lo
     cnt = tl.zeros([VEC], dtype=tl.int32) + p
     more = p >= 0  # always true; a tensor so the loop-carried type is stable
     while more:
         mq = p + v
-        lo_m = tl.load(LO_base + mq, mask=mq < NQ, other=2147483647)
-        add = tl.sum((lo_m[None, :] <= nk[:, None]).to(tl.int32), 1)  # key block n visible to query block m
+        thr = _acp_c(C, ps, b, h, tl.minimum(off + mq * GM, Tk - 1), H, Tk, P) - delta
+        thr = tl.where(mq < NQ, thr, float("-inf"))
+        add = tl.sum((thr[None, :] >= ce[:, None]).to(tl.int32), 1)  # query block m keeps key block n
         cnt += add
         more = (tl.max(tl.where(k_ok, add, 0), 0) == VEC) & (p + VEC < NQ)
         if more:
             p += VEC
-    tl.store(HI + pid.to(tl.int64) * NK + nk, cnt - 1, mask=k_ok)
+    last = (nk + 1) * GN - 1 - off  # the cap keeps n for query blocks m with m * GM <= last
+    cap = tl.minimum(tl.where(last >= 0, last // GM + 1, 0), NQ)
+    tl.store(HI + pid.to(tl.int64) * NK + nk, tl.maximum(cnt, cap) - 1, mask=k_ok)
+
+
+@triton.jit
+def _acp_tables_kernel(C, TOT, DELTA_IN, DELTA, LO, HI, GQ, GK, NORMS, B, H, HKV, GROUP, Tq, Tk, NQ, NK, NWQ, P,
+                       NCH, sgq, sgk, gk_div, NCHN, D, thr_value, sm_scale, sqrt_d, log_tk, log_eps,
+                       GM: tl.constexpr, GN: tl.constexpr, VEC: tl.constexpr, NCHP: tl.constexpr,
+                       MODE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Phase 2 of ACP's tables: the threshold, LO and HI of one (b, h) per row of programs (grid (B*H, NWQ +
+    cdiv(NK, VEC))): programs w < NWQ (at least one) write LO for VEC query blocks each (``_acp_lo_window``),
+    the others HI for VEC key blocks each (``_acp_hi_window``); every program computes the threshold
+    (``_acp_threshold``) and program (pid, 0) writes it to DELTA (B*H,) fp32."""
+    pid = tl.program_id(0)
+    w = tl.program_id(1)
+    b = pid // H
+    h = pid % H
+    delta32 = _acp_threshold(DELTA_IN, GQ, GK, NORMS, pid, b, h, B, H, HKV, GROUP, sgq, sgk, gk_div, NCHN, D,
+                             thr_value, sm_scale, sqrt_d, log_tk, log_eps, MODE, BLOCK_D, VEC)
+    if w == 0:
+        tl.store(DELTA + pid, delta32)
+    delta = delta32.to(tl.float64)
+    chs = tl.arange(0, NCHP)
+    tot = tl.load(TOT + (b.to(tl.int64) * NCH + chs) * H + h, mask=chs < NCH, other=0.0)
+    ps = tl.cumsum(tot, 0) - tot  # (NCHP,) the totals of the chunks before each chunk
+    if w < NWQ:
+        if NQ > 0:  # (else the launch's one query program only writes the threshold)
+            _acp_lo_window(C, ps, LO, b, h, pid, w, delta, H, Tq, Tk, NQ, NK, P, GM, GN, VEC)
+    else:
+        _acp_hi_window(C, ps, HI, b, h, pid, w - NWQ, delta, H, Tq, Tk, NQ, NK, P, GM, GN, VEC)

@@ -47,10 +47,10 @@ ACP_CUMSUM_CHUNKS = 128  # at most this many chunks of positions per sequence fo
 
 def acp_launch(q, k, lf, sm_scale, mode, grid, delta=None, thr_value=0.0, gamma_q=None, gamma_k=None,
                log_eps=0.0):
-    """ACP's threshold and (lo, hi) tables on ``grid`` (GM, GN) in three or four launches, each parallel over
+    """ACP's threshold and (lo, hi) tables on ``grid`` (GM, GN) in two or three launches, each parallel over
     (batch, head) and positions: for ``mode="norms"`` the partial max q / k norms (``_acp_norms_kernel``);
-    chunk-local float64 cumsums of log f (``_acp_cumsum_kernel``); the threshold and lo (``_acp_lo_kernel``); hi
-    from lo (``_acp_hi_kernel``). Returns (lo, hi, delta (B, H) fp32). ``acp.acp_threshold`` and
+    chunk-local float64 cumsums of log f (``_acp_cumsum_kernel``); the threshold, lo and hi
+    (``_acp_tables_kernel``). Returns (lo, hi, delta (B, H) fp32). ``acp.acp_threshold`` and
     ``acp._tables_torch`` are the PyTorch equivalents (tests compare them)."""
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -87,13 +87,12 @@ def acp_launch(q, k, lf, sm_scale, mode, grid, delta=None, thr_value=0.0, gamma_
     if B * nch > 0:
         tk._acp_cumsum_kernel[(B, nch)](lf, c, tot, H, Tk, p, nch, SUB=sub, HP=hp, num_warps=4)
     vec = 16 if interpreting() else ACP_VEC
-    tk._acp_lo_kernel[(B * H, max(1, cdiv(nq, vec)))](  # (with no query blocks: the threshold only)
-        c, tot, out if delta is None else delta, out, lo, gq, gk, norms, B, H, Hkv, H // Hkv, Tq, Tk, nq, nk, p,
-        nch, sgq, sgk, gk_div, nch_norms, D, float(thr_value), float(sm_scale), math.sqrt(D),
+    nwq = max(1, cdiv(nq, vec))  # (with no query blocks, one program writes the threshold)
+    tk._acp_tables_kernel[(B * H, nwq + cdiv(nk, vec))](
+        c, tot, out if delta is None else delta, out, lo, hi, gq, gk, norms, B, H, Hkv, H // Hkv, Tq, Tk, nq, nk,
+        nwq, p, nch, sgq, sgk, gk_div, nch_norms, D, float(thr_value), float(sm_scale), math.sqrt(D),
         math.log(max(Tk, 1)), float(log_eps), GM=GM, GN=GN, VEC=vec, NCHP=next_pow2(nch),
         MODE=ACP_MODES[mode], BLOCK_D=block_d, num_warps=4)
-    if nk > 0:
-        tk._acp_hi_kernel[(B * H, cdiv(nk, vec))](lo, hi, nq, nk, VEC=vec, num_warps=4)
     return lo, hi, out
 
 
