@@ -184,6 +184,32 @@ def test_acp_boundary_kernels_match_searchsorted(monkeypatch, Tq, Tk, chunks):
         assert torch.equal(lo, lo_t) and torch.equal(hi, hi_t), (GM, GN)
 
 
+@pytest.mark.parametrize("case", range(24))
+def test_acp_tables_match_searchsorted_on_random_shapes(monkeypatch, case):
+    """lo and hi of the one table launch equal torch.searchsorted's on random shapes, grids, chunkings and gates:
+    gates from none to steep decay, stretches of log f = 0 with a zero threshold (ties: c[m0] - c[end_n] = delta is
+    kept), positive thresholds (only the diagonal kept)."""
+    import random
+
+    rnd = random.Random(case)
+    Tk = rnd.choice([1, 5, 16, 17, 63, 64, 65, 200, 513, 1031])
+    Tq = rnd.randint(1, Tk)
+    monkeypatch.setattr(TL, "ACP_CUMSUM_CHUNKS", rnd.choice([3, 64, 128]))
+    g = torch.Generator().manual_seed(case)
+    lf = -torch.rand(2, Tk, rnd.choice([1, 3]), generator=g) * rnd.choice([0.0, 1e-4, 1e-2, 0.3, 3.0])
+    if case % 2:  # stretches of log f = 0: c is flat there, so with delta = 0 its comparisons meet ties
+        lf[:, ::7] = 0.0
+        lf[:, Tk // 4:Tk // 2] = 0.0
+    delta = -torch.rand(2, lf.shape[2], generator=g) * rnd.choice([0.5, 5.0, 30.0]) - rnd.choice([0.0, 1.0])
+    delta[1, 0] = 0.0
+    if rnd.random() < 0.2:
+        delta[0, 0] = 1.0
+    GM, GN = rnd.choice([(16, 16), (32, 16), (16, 32), (64, 64), (16, 64)])
+    lo, hi = TL.acp_tables(lf, delta, Tq, (GM, GN))
+    lo_t, hi_t = _acp._tables_torch(lf, delta, Tq, GM, GN)
+    assert torch.equal(lo, lo_t) and torch.equal(hi, hi_t), (Tq, Tk, GM, GN)
+
+
 @pytest.mark.parametrize("Tq,Tk,H,Hkv,D", [(37, 230, 4, 2, 24), (1, 1, 2, 2, 16), (300, 300, 3, 1, 64)])
 def test_acp_threshold_in_kernel_matches_acp_threshold(monkeypatch, Tq, Tk, H, Hkv, D):
     """The boundary kernel's threshold (every kind: "auto" from the max q / k norms, split over several chunk
