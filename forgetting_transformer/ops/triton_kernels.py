@@ -686,83 +686,49 @@ def _search_narrow(lo, hi, k, step):
 
 
 @triton.jit
-def _acp_lo_window(C, ps, LO, b, h, pid, w, delta, H, Tq, Tk, NQ, NK, P, GM: tl.constexpr, GN: tl.constexpr,
-                   VEC: tl.constexpr):
-    """LO for the query blocks w * VEC + (0..VEC-1) of one (b, h): the number of leading key blocks n pruned
-    for query block m (``c[m0] - c[end_n] < delta``: a prefix of the key blocks, as c is non-increasing), capped
-    so that the block holding the query block's first row is never pruned (every row keeps its diagonal). The
-    window's first query block finds its count by a VEC-ary search (log_VEC(NK) steps); then the ACP paper's
-    two-pointer walk (Algorithm 1), vectorised: the window's VEC query blocks are compared with VEC key blocks
-    at a time, moving forward while some query block prunes them all."""
-    off = Tk - Tq
-    v = tl.arange(0, VEC)
-    mq = w * VEC + v
-    q_ok = mq < NQ
-    thr = _acp_c(C, ps, b, h, tl.minimum(off + mq * GM, Tk - 1), H, Tk, P) - delta  # (VEC,) pruned: c_end > thr
-    thr0 = tl.sum(tl.where(v == 0, thr, 0.0), 0)
-    lo = 0
-    hi = NK
-    while hi - lo > VEC:  # the first query block's count lies in [lo, hi]
-        step = (hi - lo + VEC - 1) // VEC
-        nk = lo + v * step
-        ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
-        k = tl.sum(((ce > thr0) & (nk < hi)).to(tl.int32), 0)  # probes 0..k-1 pruned, k.. kept
-        lo, hi = _search_narrow(lo, hi, k, step)
-    p = lo
-    cnt = tl.zeros([VEC], dtype=tl.int32) + p
-    more = p >= 0  # always true; a tensor so the loop-carried type is stable
-    while more:
-        nk = p + v
-        ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)
-        ce = tl.where(nk < NK, ce, float("-inf"))
-        add = tl.sum((ce[None, :] > thr[:, None]).to(tl.int32), 1)  # pruned: c[m0] - c[end_n] < delta
-        cnt += add
-        more = (tl.max(tl.where(q_ok, add, 0), 0) == VEC) & (p + VEC < NK)
-        if more:
-            p += VEC
-    cnt = tl.minimum(cnt, (off + mq * GM) // GN)
-    tl.store(LO + pid.to(tl.int64) * NQ + mq, cnt, mask=q_ok)
+def _acp_axis(C, ps, b, h, i, delta, off, H, Tk, P, GM: tl.constexpr, GN: tl.constexpr, KEYS: tl.constexpr):
+    """The values that ``_acp_counts`` compares, of the blocks ``i`` of the axis it counts: c at the last key of
+    key blocks (``KEYS``), else c at the first row of query blocks minus delta (the threshold of those rows)."""
+    if KEYS:
+        return _acp_c(C, ps, b, h, tl.minimum(i * GN + GN - 1, Tk - 1), H, Tk, P)
+    else:
+        return _acp_c(C, ps, b, h, tl.minimum(off + i * GM, Tk - 1), H, Tk, P) - delta
 
 
 @triton.jit
-def _acp_hi_window(C, ps, HI, b, h, pid, w, delta, H, Tq, Tk, NQ, NK, P, GM: tl.constexpr, GN: tl.constexpr,
-                   VEC: tl.constexpr):
-    """HI for the key blocks w * VEC + (0..VEC-1) of one (b, h): the last query block m with LO[m] <= n (-1 if
-    none), from c directly rather than from LO, so that one launch writes both tables. LO[m] = min(pruned
-    count, diagonal cap) <= n iff key block n is kept by the threshold (``c[end_n] <= c[m0] - delta``) or
-    holds or precedes m's first row; each holds on a prefix of the query blocks (the threshold's as c is
-    non-increasing), so HI[n] + 1 is the longer prefix: the threshold's by the same search and walk as LO's
-    (over query blocks), the cap's in closed form. The comparisons are LO's negated on the same float64
-    values, so the forward and both backward kernels prune exactly one region."""
-    off = Tk - Tq
+def _acp_counts(C, ps, b, h, x, x_ok, N, delta, off, H, Tk, P, GM: tl.constexpr, GN: tl.constexpr,
+                VEC: tl.constexpr, KEYS: tl.constexpr):
+    """For a window of VEC blocks with values ``x`` (non-increasing), the length of the prefix of the N blocks of
+    the other axis that each sees: with ``KEYS``, the leading key blocks y = c[end_n] pruned for query blocks of
+    thresholds x (``y > x``: c[m0] - c[end_n] < delta); else the leading query blocks that keep key blocks of
+    x = c[end_n] (``y >= x``, the same comparison negated). Either set is a prefix, as c is non-increasing, and
+    the window's first block has the shortest. Its count comes from a VEC-ary search (log_VEC(N) steps); then the
+    ACP paper's two-pointer walk (Algorithm 1), vectorised: the window's VEC blocks are compared with VEC blocks
+    of the other axis at a time, moving forward while one of them sees them all."""
     v = tl.arange(0, VEC)
-    nk = w * VEC + v
-    k_ok = nk < NK
-    ce = _acp_c(C, ps, b, h, tl.minimum(nk * GN + GN - 1, Tk - 1), H, Tk, P)  # (VEC,) non-increasing
-    ce0 = tl.sum(tl.where(v == 0, ce, 0.0), 0)
+    x0 = tl.sum(tl.where(v == 0, x, 0.0), 0)
     lo = 0
-    hi = NQ
-    while hi - lo > VEC:  # the first key block's count lies in [lo, hi]
+    hi = N
+    while hi - lo > VEC:  # the first block's count lies in [lo, hi]
         step = (hi - lo + VEC - 1) // VEC
-        mq = lo + v * step
-        thr = _acp_c(C, ps, b, h, tl.minimum(off + mq * GM, Tk - 1), H, Tk, P) - delta
-        k = tl.sum(((thr >= ce0) & (mq < hi)).to(tl.int32), 0)  # probes 0..k-1 keep the block, k.. prune it
+        i = lo + v * step
+        y = _acp_axis(C, ps, b, h, i, delta, off, H, Tk, P, GM, GN, KEYS)
+        seen = (y > x0) if KEYS else (y >= x0)
+        k = tl.sum((seen & (i < hi)).to(tl.int32), 0)  # probes 0..k-1 seen, k.. not
         lo, hi = _search_narrow(lo, hi, k, step)
     p = lo
     cnt = tl.zeros([VEC], dtype=tl.int32) + p
     more = p >= 0  # always true; a tensor so the loop-carried type is stable
     while more:
-        mq = p + v
-        thr = _acp_c(C, ps, b, h, tl.minimum(off + mq * GM, Tk - 1), H, Tk, P) - delta
-        thr = tl.where(mq < NQ, thr, float("-inf"))
-        add = tl.sum((thr[None, :] >= ce[:, None]).to(tl.int32), 1)  # query block m keeps key block n
+        i = p + v
+        y = tl.where(i < N, _acp_axis(C, ps, b, h, i, delta, off, H, Tk, P, GM, GN, KEYS), float("-inf"))
+        seen = (y[None, :] > x[:, None]) if KEYS else (y[None, :] >= x[:, None])
+        add = tl.sum(seen.to(tl.int32), 1)
         cnt += add
-        more = (tl.max(tl.where(k_ok, add, 0), 0) == VEC) & (p + VEC < NQ)
+        more = (tl.max(tl.where(x_ok, add, 0), 0) == VEC) & (p + VEC < N)
         if more:
             p += VEC
-    last = (nk + 1) * GN - 1 - off  # the cap keeps n for query blocks m with m * GM <= last
-    cap = tl.minimum(tl.where(last >= 0, last // GM + 1, 0), NQ)
-    tl.store(HI + pid.to(tl.int64) * NK + nk, tl.maximum(cnt, cap) - 1, mask=k_ok)
+    return cnt
 
 
 @triton.jit
@@ -771,9 +737,15 @@ def _acp_tables_kernel(C, TOT, DELTA_IN, DELTA, LO, HI, GQ, GK, NORMS, B, H, HKV
                        GM: tl.constexpr, GN: tl.constexpr, VEC: tl.constexpr, NCHP: tl.constexpr,
                        MODE: tl.constexpr, BLOCK_D: tl.constexpr):
     """Phase 2 of ACP's tables: the threshold, LO and HI of one (b, h) per row of programs (grid (B*H, NWQ +
-    cdiv(NK, VEC))): programs w < NWQ (at least one) write LO for VEC query blocks each (``_acp_lo_window``),
-    the others HI for VEC key blocks each (``_acp_hi_window``); every program computes the threshold
-    (``_acp_threshold``) and program (pid, 0) writes it to DELTA (B*H,) fp32."""
+    cdiv(NK, VEC))). Programs w < NWQ (at least one) write LO for VEC query blocks each: the number of leading
+    key blocks pruned (``c[m0] - c[end_n] < delta``), capped so that the block holding the query block's first
+    row is kept (every row keeps its diagonal). The others write HI for VEC key blocks each, the last query
+    block m with LO[m] <= n (-1 if none), from c rather than from LO, so that one launch writes both: LO[m] <= n
+    iff query block m keeps key block n by the threshold or by the cap, each a prefix of the query blocks, so
+    HI[n] + 1 is the longer prefix (the threshold's by ``_acp_counts`` on the negated comparison of the same
+    float64 values, the cap's in closed form), and the forward and both backward kernels prune exactly one
+    region. Every program computes the threshold (``_acp_threshold``); program (pid, 0) writes it to DELTA
+    (B*H,) fp32."""
     pid = tl.program_id(0)
     w = tl.program_id(1)
     b = pid // H
@@ -786,8 +758,19 @@ def _acp_tables_kernel(C, TOT, DELTA_IN, DELTA, LO, HI, GQ, GK, NORMS, B, H, HKV
     chs = tl.arange(0, NCHP)
     tot = tl.load(TOT + (b.to(tl.int64) * NCH + chs) * H + h, mask=chs < NCH, other=0.0)
     ps = tl.cumsum(tot, 0) - tot  # (NCHP,) the totals of the chunks before each chunk
+    off = Tk - Tq
+    v = tl.arange(0, VEC)
     if w < NWQ:
         if NQ > 0:  # (else the launch's one query program only writes the threshold)
-            _acp_lo_window(C, ps, LO, b, h, pid, w, delta, H, Tq, Tk, NQ, NK, P, GM, GN, VEC)
+            mq = w * VEC + v
+            thr = _acp_axis(C, ps, b, h, mq, delta, off, H, Tk, P, GM, GN, False)
+            cnt = _acp_counts(C, ps, b, h, thr, mq < NQ, NK, delta, off, H, Tk, P, GM, GN, VEC, True)
+            cnt = tl.minimum(cnt, (off + mq * GM) // GN)  # the diagonal cap
+            tl.store(LO + pid.to(tl.int64) * NQ + mq, cnt, mask=mq < NQ)
     else:
-        _acp_hi_window(C, ps, HI, b, h, pid, w - NWQ, delta, H, Tq, Tk, NQ, NK, P, GM, GN, VEC)
+        nk = (w - NWQ) * VEC + v
+        ce = _acp_axis(C, ps, b, h, nk, delta, off, H, Tk, P, GM, GN, True)
+        cnt = _acp_counts(C, ps, b, h, ce, nk < NK, NQ, delta, off, H, Tk, P, GM, GN, VEC, False)
+        last = (nk + 1) * GN - 1 - off  # the cap keeps key block n for the query blocks m with m * GM <= last
+        cap = tl.minimum(tl.where(last >= 0, last // GM + 1, 0), NQ)
+        tl.store(HI + pid.to(tl.int64) * NK + nk, tl.maximum(cnt, cap) - 1, mask=nk < NK)
