@@ -23,12 +23,12 @@ Parts (each one under 10 minutes on a machine of two H100s, data preparation inc
     acp        FoX (Pro) with ACP (model.acp=true), seeds 0 and 1, checkpoints kept to measure pruning over training
     path       PaTH (Pro) and PaTH-FoX (Pro), seed 0, at the FoX (Pro) pick (not swept for PaTH; docs/path.md)
 
-Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro)
-pick. Runs go one per GPU (``--gpus``, default every visible GPU); each trains with ``train.py
-experiment=books/<model>_125m``, then evaluates (per-token loss to 16,384 tokens; needle in a haystack for the main
-and PaTH models; the forget-gate and ACP analysis for the FoX models, not PaTH, whose attention it does not model),
-and its small files land in ``OUT/runs/<run>/``. A run whose ``done.json`` exists is skipped, so re-running a part
-finishes what an interrupted call left; checkpoints stay in ``--work``.
+Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
+Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
+with ``train.py experiment=books/<model>_125m``, then evaluates (per-token loss to 16,384 tokens; needle in a
+haystack for the main and PaTH models; the forget-gate and ACP analysis for the FoX models, not PaTH, whose
+attention it does not model), and its small files land in ``OUT/runs/<run>/``. A run whose ``done.json`` exists is
+skipped, so re-running a part finishes what an interrupted call left; checkpoints stay in ``--work``.
 """
 
 from __future__ import annotations
