@@ -270,6 +270,13 @@ class DecodeLayer(CacheLayer):
     """A ``CacheLayer`` that also attends: the new tokens' queries over every cached key they can see, with the
     decode kernel (``ops.decode``)."""
 
+    @property
+    def shift_state(self):
+        # Tokens after cached ones: the cache is never empty here, and reading its host-side length would make a
+        # compiled step specialise on it (a second compilation at the second step).
+        c = self.cache
+        return None if c.shift is None else (c.shift[self.index, 0], c.shift[self.index, 1])
+
     def attend(self, q, k, v, log_fgate):
         c, i = self.cache, self.index
         o = forgetting_attention_decode(q.to(c.dtype), c.k_pool, c.v_pool, c.tables[i], c.lengths + q.shape[1],

@@ -112,6 +112,24 @@ def decode_step(model, cache: PagedKVCache, tokens: torch.Tensor) -> torch.Tenso
     return model.lm_head(model.norm(x[:, -1:]))[:, 0]
 
 
+def mark_sizes_dynamic(cache: PagedKVCache, tokens: torch.Tensor) -> None:
+    """Mark the sizes that differ between calls of ``generate()`` (the batch, the table length that the longest
+    sequence sets, the pools' blocks, which eviction's compaction also changes) as dynamic for ``torch.compile``,
+    so that the compiled step serves them all: else every new size is one more compilation of the whole step
+    (tens of seconds to minutes for a large model), and past dynamo's cache limit the step runs uncompiled.
+    A batch of one is still compiled on its own (dynamo specialises sizes 0 and 1)."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    for t in (cache.k_pool, cache.v_pool, cache.c_pool, cache.lengths, cache.seq_start, tokens):
+        if t is not None:
+            mark(t, 0)
+    mark(cache.tables, 1)
+    mark(cache.tables, 3)
+    for t in (cache.key_start, cache.c_last, cache.n_freed):
+        mark(t, 1)
+    if cache.shift is not None:
+        mark(cache.shift, 2)
+
+
 class Decoder:
     """The decoding loop's state: preallocated output tokens (and logits), stop flags and the next input."""
 
@@ -159,6 +177,8 @@ class Decoder:
         self.count += 1
 
     def step(self) -> None:
+        if self.decode is not decode_step:
+            mark_sizes_dynamic(self.cache, self.last)
         self.emit(self.decode(self.model, self.cache, self.last))
 
     def maintain(self) -> None:
@@ -271,7 +291,7 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, do_s
         (default: the whole prompt at once). cuda_graph: replay each step as a CUDA graph (default: on CUDA).
         compile_step: compile the decoding step with ``torch.compile`` (default: on CUDA): Inductor fuses the
         step's small kernels (norms, gates, shifts, casts), which halves the time per token at small batches;
-        the first call of a shape compiles (tens of seconds).
+        the first call compiles (tens of seconds); later calls of other batch sizes, lengths and pools reuse it.
     dtype: of the cached keys and values (default: the autocast dtype if autocast is on, else the model's).
     Returns a ``GenerationOutput``.
     """

@@ -150,3 +150,32 @@ def test_generation_through_the_triton_kernel_equals_full_recomputation(prompts,
     for i, (tokens, logits) in enumerate(recompute_alone(model, prompts, 30)):
         assert torch.equal(out.sequences[i, 9:], tokens), f"row {i}"
         torch.testing.assert_close(out.logits[i], logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_compiled_step_compiles_once_for_new_batches_lengths_and_pools(monkeypatch):
+    """compile_step=True (Inductor, on the CPU here) gives the tokens and logits of the uncompiled step, and after
+    its first compilation serves other batch sizes, prompt lengths, table lengths and pool sizes (eviction's
+    growing pools) without compiling again: dynamo's graph count stays at one."""
+    import torch._dynamo
+
+    graphs = []
+
+    def counting(gm, example_inputs):  # the backend dynamo calls once per graph it compiles
+        graphs.append(gm)
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=counting, **kw))
+    torch._dynamo.reset()
+    model = tiny(LOCAL, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    for B, P, n, evict in ((2, 70, 12, False), (3, 40, 30, False), (2, 150, 20, True), (4, 90, 40, True)):
+        ids = torch.randint(0, 97, (B, P), generator=g)
+        kw = dict(max_new_tokens=n, block_size=16, acp_eviction=evict, output_logits=True)
+        got, want = generate(model, ids, compile_step=True, **kw), generate(model, ids, compile_step=False, **kw)
+        assert torch.equal(got.sequences, want.sequences), (B, P, evict)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
+    assert len(graphs) == 1, f"the decoding step compiled {len(graphs)} times"
+    torch._dynamo.reset()
