@@ -13,7 +13,8 @@ byte-level BPE (16,384 tokens, trained on the train split the first time and kep
 that every later part tokenizes identically) in rows of 16,384 tokens.
 
 Parts (each one under 10 minutes on a machine of two H100s, data preparation included: ``lr`` took 7.4 minutes,
-``lr-wide`` 7.0; ``lr`` and ``lr-wide`` first, since the others train at the sweep's picks):
+``lr-wide`` 7.0; except ``path``, whose models train at about a third of FoX's speed: 18 minutes with both runs on
+one H200, ``--gpus 0,0``; ``lr`` and ``lr-wide`` first, since the others train at the sweep's picks):
 
     lr         FoX (Pro) and Transformer (Pro), peak lr 1e-3 and 2e-3, seed 0
     lr-wide    the same at 5e-4 and 4e-3: with ``lr``, a 4-point sweep per model
