@@ -93,6 +93,19 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(autouse=True)
+def _verified_launches(request):
+    """GPU tests run with ``launch_cache.verify()``: every kernel launch that skips triton's binding is checked
+    against the kernel triton itself picks for the same arguments."""
+    if request.node.get_closest_marker("gpu") is None or not torch.cuda.is_available():
+        yield
+        return
+    from forgetting_transformer.ops import launch_cache
+
+    with launch_cache.verify():
+        yield
+
+
 def pytest_addoption(parser):
     parser.addoption("--shard", default=None, metavar="I/N",
                      help="run the I-th of N disjoint parts of the selected tests (items I, I+N, ... in collection "

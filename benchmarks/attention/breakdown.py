@@ -5,7 +5,7 @@
     python -m benchmarks.attention.breakdown ceiling    [--shapes S1,S2,S3,S4]
     python -m benchmarks.attention.breakdown spread N   [--shapes S2,S3]
     python -m benchmarks.attention.breakdown boundaries [--shapes S1,S2,S3,S4]
-    python -m benchmarks.attention.breakdown host
+    python -m benchmarks.attention.breakdown host       [--functions N]
     python -m benchmarks.attention.breakdown backward   [--shapes S1,S2] [--rounds 3]
     python -m benchmarks.attention.breakdown ncu --kernel fwd|fused|dq|dkdv --shape S1 [--acp [--heads H]]
     python -m benchmarks.attention.breakdown ncu --csv EXPORT.csv
@@ -18,7 +18,8 @@ its bound. spread: dense and ACP on N allocations of the inputs and the first ag
 runs, and whether it follows the addresses or how long the GPU has been busy). boundaries: eager against
 CUDA-graph time, and inside one graph replay the kernels' count, the sum of their times, their span and the gaps
 between them. host: host microseconds per eager call (backward on autograd's device thread and on the calling
-thread), then per host-side stage and kernel launch (``launchers.host_stages``). backward: ACP's fwd+bwd with
+thread), then per host-side stage and kernel launch (``launchers.host_stages``), and with --functions N the N
+Python functions with the most own time in S1's ACP fwd+bwd (cProfile). backward: ACP's fwd+bwd with
 the one-kernel backward against the dq and dk/dv kernels (``fused_backward=False``), head dim 64. ncu: Nsight
 Compute's sampled warp states of one Gluon kernel by SASS region (``ncu.py``; ncu from PATH or ``$NCU``), or of
 an existing source-page export.
@@ -228,7 +229,7 @@ def backward(shapes, rounds):
         print(f"round {r + 1}: " + " | ".join(out), flush=True)
 
 
-def host(n=10, reps=15):
+def host(n=10, reps=15, functions=0):
     """Host microseconds per call (the median of ``reps`` timings of ``n`` back-to-back calls, the GPU not waited
     for): dense / ACP fwd and fwd+bwd at B1 T256 H2 D64 (too small to keep the GPU busy) and at S1, the backward on
     autograd's device thread (the default for CUDA tensors) and on the calling thread
@@ -256,6 +257,39 @@ def host(n=10, reps=15):
             print(f"host {name} {cname}: fwd {t[0]:.0f} us/call, fwd+bwd {t[1]:.0f} us/call (backward on autograd's "
                   f"device thread), {t[2]:.0f} us/call (on the calling thread)", flush=True)
     host_breakdown(calls, (q, k, v, lf), do)
+    if functions:
+        host_functions(acp, (q, k, v, lf), do, functions)
+
+
+def host_functions(fn, inputs, do, top, n=200):
+    """The ``top`` Python functions by own (exclusive) host time in ``n`` eager fwd+bwd calls of ``fn`` (the
+    backward on the calling thread), from cProfile: which of the launch path's steps (argument binding, cache keys,
+    knob and stream look-ups, the driver call, allocations) the host time goes to. cProfile's own overhead inflates
+    every row, the cheap calls most."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    def step():
+        with torch.autograd.set_multithreading_enabled(False):
+            torch.autograd.grad(fn(*inputs), inputs, do)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(n):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"host functions, ACP fwd+bwd (calling thread), {n} calls under cProfile; own and inclusive us per call:")
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (prim calls, calls, own s, inclusive s, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, name), (_, calls, own, incl, _) in rows:
+        where = f"{os.path.basename(file)}:{line}" if line else file
+        print(f"  {own / n * 1e6:7.1f} {incl / n * 1e6:8.1f}  x{calls / n:<5.1f} {name} ({where})")
 
 
 def host_breakdown(calls, inputs, do, n=50, reps=5):
@@ -362,7 +396,8 @@ def main(argv=None):
     add("spread", "S2,S3", "dense and ACP on N allocations, then the first again").add_argument(
         "repeats", type=rounds_arg, metavar="N")
     add("boundaries", "S1,S2,S3,S4", "eager against CUDA-graph time; the gaps between a call's kernels")
-    add("host", None, "host time per eager call, and per stage and launch")
+    add("host", None, "host time per eager call, and per stage and launch").add_argument(
+        "--functions", type=int, default=0, metavar="N", help="also the N functions with the most own time")
     add("backward", "S1,S2", "ACP with the one-kernel backward against the two kernels").add_argument(
         "--rounds", type=rounds_arg, default=3, help="rounds (>= 1)")
     p = add("ncu", None, "Nsight Compute's warp states of one Gluon kernel by SASS region")
@@ -378,7 +413,7 @@ def main(argv=None):
         return ncu(args, p.error)
     {"heads": lambda: heads(args.shapes, args.profile), "kernels": lambda: kernels(args.shapes),
      "ceiling": lambda: ceiling(args.shapes), "spread": lambda: spread(args.shapes, args.repeats),
-     "boundaries": lambda: boundaries(args.shapes), "host": host,
+     "boundaries": lambda: boundaries(args.shapes), "host": lambda: host(functions=args.functions),
      "backward": lambda: backward(args.shapes, args.rounds)}[args.what]()
 
 

@@ -7,7 +7,7 @@ autotuner's per-call Python (~45 us of host time per launch on the H200 machines
 
 from __future__ import annotations
 
-from . import tiles
+from . import launch_cache, tiles
 from .options import interpreting
 
 _KERNELS = {}  # kind -> the autotuned jit function
@@ -49,8 +49,8 @@ def launch(kind, options, grid_fn, tune_key, *args, **meta):
     if not autotuned(kind, options):
         cfg = tiles.fixed_config(kind, meta["BLOCK_D"], q.element_size(), q.device.index if q.is_cuda else None,
                                  options)
-        raw_kernel(kind)[grid_fn(cfg.meta())](*args, **meta, **cfg.meta(), num_warps=cfg.num_warps,
-                                              num_stages=cfg.num_stages)
+        launch_cache.launch(raw_kernel(kind), grid_fn(cfg.meta()), *args, **meta, **cfg.meta(),
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return
     key = (kind, tune_key, tuple(sorted(meta.items())))
     best = _TUNED.get(key)
@@ -59,4 +59,4 @@ def launch(kind, options, grid_fn, tune_key, *args, **meta):
         tuned[grid_fn](*args, **meta)
         _TUNED[key] = tuned.best_config
     else:
-        raw_kernel(kind)[grid_fn(best.kwargs)](*args, **meta, **best.all_kwargs())
+        launch_cache.launch(raw_kernel(kind), grid_fn(best.kwargs), *args, **meta, **best.all_kwargs())

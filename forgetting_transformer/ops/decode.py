@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_cache
+
 MIN_TILE = 16  # tl.dot needs at least 16 rows, keys and head-dim lanes
 
 
@@ -175,7 +177,7 @@ def decode_launch(q, k_pool, v_pool, block_table, lengths, key_start, c_q, c_poo
     gated = c_pool is not None
     cq = c_q if gated else m_part  # (a dummy pointer when there is no gate)
     cp = c_pool if gated else m_part
-    _decode_split_kernel[(B * Hkv, n_mtiles, num_splits)](
+    launch_cache.launch(_decode_split_kernel, (B * Hkv, n_mtiles, num_splits),
         q, k_pool, v_pool, cp, cq, block_table, lengths, key_start, o_part, m_part, l_part,
         q.stride(0), q.stride(1), q.stride(2), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0),
         v_pool.stride(1), cp.stride(0) if gated else 0, cp.stride(1) if gated else 0,
@@ -184,7 +186,7 @@ def decode_launch(q, k_pool, v_pool, block_table, lengths, key_start, c_q, c_poo
         G=G, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=BS, HAS_GATE=gated,
         IEEE=q.dtype == torch.float32, num_warps=4, num_stages=2,
     )
-    _decode_reduce_kernel[(B * Hkv, n_mtiles)](
+    launch_cache.launch(_decode_reduce_kernel, (B * Hkv, n_mtiles),
         o_part, m_part, l_part, o, o.stride(0), o.stride(1), o.stride(2), Hkv, Tq, num_splits, m_pad,
         G=G, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, num_warps=4,
     )

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from . import tiles
+from . import launch_cache, tiles
 from . import triton_launch as TL
 from .options import interpreting
 from .tiles import cdiv, padded_head_dim
@@ -128,7 +128,7 @@ def fwd_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None, grid=None):
         return o, lse
     pk, _ = TL.block_prefix(lf, Tq, query_side=False)
     lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
-    gk.fox_fwd_sm90_kernel[(B * H, cdiv(Tq, wgs * bm))](
+    launch_cache.launch(gk.fox_fwd_sm90_kernel, (B * H, cdiv(Tq, wgs * bm)),
         tma_desc(q, bm), tma_desc(k, bn), tma_desc(v, bn), tma_vec(pk, bn), lf, pk, o, lse, lo,
         lf.stride(0), lf.stride(1), lf.stride(2), o.stride(0), o.stride(1), o.stride(2), *pk.stride()[:2],
         *TL.acp_args(acp_tables, grid, rows_only=True), H, H // Hkv, Tq, Tk, sm_scale,
@@ -150,7 +150,7 @@ def bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=N
     delta = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
     drow = torch.empty((B, Tq, H), device=q.device, dtype=torch.float32)
     lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
-    gk.fox_bwd_dq_sm90_kernel[(B * H, cdiv(Tq, wgs * bm))](
+    launch_cache.launch(gk.fox_bwd_dq_sm90_kernel, (B * H, cdiv(Tq, wgs * bm)),
         tma_desc(q, bm), tma_desc(do, bm), tma_desc(k, bn), tma_desc(v, bn), tma_vec(pk, bn), lf, pk, o, lse,
         delta, dq,
         drow, lo, lf.stride(0), lf.stride(1), lf.stride(2), q.stride(0), q.stride(1), q.stride(2), *pk.stride()[:2],
@@ -174,7 +174,7 @@ def bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_ta
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
-    gk.fox_bwd_dkdv_sm90_kernel[(B * Hkv, cdiv(Tk, wgs * keys))](
+    launch_cache.launch(gk.fox_bwd_dkdv_sm90_kernel, (B * Hkv, cdiv(Tk, wgs * keys)),
         tma_desc(q, bm), tma_desc(do, bm), tma_desc(k, keys), tma_desc(v, keys),
         vec(pq, rows=None), vec(lse), vec(delta), lf, pq, dk, dv, dcol,
         dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
@@ -201,7 +201,7 @@ def bwd_fused_setup(o, do, lf, lse, block_m):
     z = torch.empty((B * H, svr), device=o.device, dtype=torch.float32)
     dq32 = torch.empty((B, Tq, H, D), device=o.device, dtype=torch.float32)
     rs8 = torch.empty((B, Tq, H, 8), device=o.device, dtype=torch.float32)
-    tk._bwd_fused_setup_kernel[(B * H, cdiv(Tq, block_m))](
+    launch_cache.launch(tk._bwd_fused_setup_kernel, (B * H, cdiv(Tq, block_m)),
         o, do, delta, dq32, rs8, lf, pq, lse, z, H, Tq, lf.shape[1], o.stride(0), o.stride(1), o.stride(2),
         lf.stride(0), lf.stride(1), lf.stride(2), pq.stride(0), svr, HEAD_DIM=D, BLOCK_D=padded_head_dim(D),
         ROWS=block_m)
@@ -228,7 +228,7 @@ def bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None, acp_tables=No
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
-    gk.fox_bwd_fused_sm90_kernel[(B * Hkv, cdiv(Tk, 2 * keys))](
+    launch_cache.launch(gk.fox_bwd_fused_sm90_kernel, (B * Hkv, cdiv(Tk, 2 * keys)),
         tma_desc(q, bm), tma_desc(do, bm), tma_desc(k, keys), tma_desc(v, keys), zd, zd,
         vec(delta), tma_desc(dq32, bm), tma_desc(rs8, bm), lf, pq, dk, dv, dcol,  # (pq: one plane, stride 0)
         lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), 0, pq.stride(0), svr,

@@ -37,6 +37,7 @@ import time
 from . import acp as _acp
 from . import dispatch as _dp
 from . import gluon_launch as _gl
+from . import launch_cache as _launch_cache
 from . import tiles as _tiles
 from . import triton_launch as _tl
 from .options import TileConfig, default_options, use_options
@@ -205,12 +206,10 @@ HOST_STAGES = ("forgetting_attention.forgetting_attention_triton", "forgetting_a
 @contextlib.contextmanager
 def host_stages():
     """Within the context, every call of the op's host-side stages (``HOST_STAGES``, keyed by function name) and
-    every kernel launch (``launch <kernel name>``: triton's argument binding and specialisation, TMA descriptors,
-    the driver call) adds its inclusive wall seconds to the dict the context yields (clear it between timings).
-    Nested stages overlap, so the entries do not add up to a call."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
+    every kernel launch (``launch <kernel name>``: ``launch_cache.launch``, i.e. the cache key and the driver call,
+    or at a new specialisation triton's binding, specialisation and compilation) adds its inclusive wall seconds
+    to the dict the context yields (clear it between timings). Nested stages overlap, so the entries do not add up
+    to a call."""
     acc: dict[str, float] = {}
 
     def timed(name, fn):
@@ -222,28 +221,26 @@ def host_stages():
                 acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    def timed_run(run):
-        def wrapper(self, *a, **kw):
+    def timed_launch(launch):
+        def wrapper(fn, *a, **kw):
             t0 = time.perf_counter()
             try:
-                return run(self, *a, **kw)
+                return launch(fn, *a, **kw)
             finally:
-                key = f"launch {self.fn.__name__}"
+                key = f"launch {fn.__name__}"
                 acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    runs = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}  # (the interpreter's: CPU runs)
+    launch = _launch_cache.launch
     stages = [(importlib.import_module(f"{__package__}.{m}"), name) for m, name in
               (s.split(".") for s in HOST_STAGES)]
     saved = [(module, name, getattr(module, name)) for module, name in stages]
     try:
-        for cls, run in runs.items():
-            cls.run = timed_run(run)
+        _launch_cache.launch = timed_launch(launch)
         for module, name, fn in saved:
             setattr(module, name, timed(name, fn))
         yield acc
     finally:
-        for cls, run in runs.items():
-            cls.run = run
+        _launch_cache.launch = launch
         for module, name, fn in saved:
             setattr(module, name, fn)
