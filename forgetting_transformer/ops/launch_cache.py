@@ -3,9 +3,9 @@
 ``fn[grid](*args, **kwargs)`` re-derives on every call what it compiled for: it binds the arguments, specialises
 each one (a tensor's dtype and 16-byte alignment; an int equal to 1, divisible by 16, in int32 or int64 range; a
 TMA descriptor's dtype, block shape and layout ``repr``), joins them into a string key, looks the kernel up,
-checks the kernel's global variables, builds launch metadata and calls the (empty) launch hooks. On the CPUs of
-H100 / H200 machines that costs 35-55 us per Triton launch and 77-130 us per Gluon launch, as much as the kernels
-of an eager call take at small shapes (``python -m benchmarks.attention.breakdown host --functions 40`` shows
+checks the kernel's global variables, builds launch metadata and calls the (empty) launch hooks. On an H100
+machine's CPU that costs 27-66 us per Triton launch and 57-146 us per Gluon launch inside an eager call, as much as
+the kernels take at small shapes (``python -m benchmarks.attention.breakdown host --functions 40`` shows
 where it goes).
 
 ``launch(fn, grid, *args, **kwargs)`` is ``fn[grid](*args, **kwargs)``. The first call of a specialisation goes
