@@ -14,9 +14,9 @@ masks the elements of the tiles that straddle its boundary, so the forward and b
 same (i, j) set whatever their tile sizes, and the gradients are exactly those of the pruned forward. The kernel path
 computes ``lo`` and ``hi`` in two Triton launches (``triton_kernels._acp_cumsum_kernel``: chunk-local float64 cumsums;
 ``_acp_tables_kernel``: per window of blocks a 32-ary search, then the paper's two-pointer walk, vectorised, over
-key blocks for ``lo`` and over query blocks for ``hi``), each parallel over positions; ``lo_table`` / ``hi_table`` here are the PyTorch (``torch.searchsorted``)
-equivalents used to test it and for ``tile_stats``. Requires ``log f <= 0`` (then ``c`` is non-increasing and the
-boundary is monotone).
+key blocks for ``lo`` and over query blocks for ``hi``), each parallel over positions; ``lo_table`` / ``hi_table``
+here are the PyTorch (``torch.searchsorted``) equivalents used to test it and for ``tile_stats``. Requires
+``log f <= 0`` (then ``c`` is non-increasing and the boundary is monotone).
 """
 
 from __future__ import annotations

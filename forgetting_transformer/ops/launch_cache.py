@@ -129,7 +129,7 @@ def launch(fn, grid, *args, **kwargs):
         return
     if hit is None or _hooked():
         kernel = fn[grid](*args, **kwargs)
-        if hit is None:
+        if hit is None and kernel is not None:  # (None: triton compiles it asynchronously; nothing to keep yet)
             _remember(key, fn, kernel, args, kwargs)
         return
     run, function, packed, tail, kernel = hit
