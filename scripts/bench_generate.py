@@ -79,10 +79,11 @@ class SdpaCache(PagedKVCache):
     """The Transformer baseline's static cache: one block of max_len positions per (layer, sequence, kv head),
     handed out in that order by the first ``reserve``, so that each layer's keys are one contiguous tensor."""
 
+    decode_layer = SdpaLayer
+
     def __init__(self, **kwargs):
         kwargs["block_size"] = -(-kwargs["max_len"] // 16) * 16
         super().__init__(**kwargs)
-        self._views = [(views[0], SdpaLayer(self, i)) for i, views in enumerate(self._views)]
 
     @staticmethod
     def check_block_size(block_size) -> None:

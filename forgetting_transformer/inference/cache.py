@@ -36,6 +36,20 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+@torch.library.custom_op("forgetting_transformer::cache_store", mutates_args=("pool",))
+def store(pool: torch.Tensor, indices: list[torch.Tensor], values: torch.Tensor) -> None:
+    """``pool[indices] = values``, opaque to ``torch.compile``. Written inline, Inductor turns the store into a
+    kernel that mutates the pool and, when it autotunes that kernel at the compiled step's first call, saves and
+    restores the whole pool around every config it times: tens of GB copied (through host memory when the GPU has
+    no room for a clone) per kernel, which made the first step of a 760M model at 32k x 8 take minutes."""
+    pool.index_put_(indices, values)
+
+
+@store.register_fake
+def _(pool, indices, values) -> None:
+    return None
+
+
 class PagedKVCache:
     """Blocks of ``block_size`` positions (a power of two >= 16) for ``n_layers`` layers of ``batch_size``
     sequences of up to ``max_len`` positions. ``pool_blocks``: blocks allocated now (default: every block the
@@ -74,7 +88,6 @@ class PagedKVCache:
         self.n_alloc = 0  # blocks every row holds a table entry for (allocated, or allocated and released)
         self.used_bound = 0  # an upper bound of the blocks in use, exact after every sync of n_free
         self.version = 0
-        self._views = [(CacheLayer(self, i), DecodeLayer(self, i)) for i in range(n_layers)]
 
     @classmethod
     def for_model(cls, model, batch_size: int, max_len: int, **kwargs) -> "PagedKVCache":
@@ -99,10 +112,19 @@ class PagedKVCache:
     def pool_blocks(self) -> int:
         return self.k_pool.shape[0]
 
+    @property
+    def decode_layer(self) -> type:
+        """The class of the views that attend over the cache (a subclass may attend otherwise)."""
+        return DecodeLayer
+
     def layers(self, decode: bool) -> list:
         """The per-layer views to pass as ``cache=`` to the blocks: ``decode=False`` for the prefill of an empty
         cache (the layers attend with their own op over the prompt), ``True`` for tokens after cached ones."""
-        return [views[int(decode)] for views in self._views]
+        # Made per call, not kept: views kept by the cache would form a reference cycle with it, and a cycle is
+        # freed only when Python's cyclic collector runs, which the size of the pools does not trigger (a
+        # finished generate() would hold tens of GB until then).
+        kind = self.decode_layer if decode else CacheLayer
+        return [kind(self, i) for i in range(self.n_layers)]
 
     def begin(self, seq_start: torch.Tensor) -> None:
         """Start the sequences: ``seq_start`` (B,), each one's first real position of the left-padded batch."""
@@ -129,14 +151,14 @@ class PagedKVCache:
         blocks = self.tables[layer].gather(2, (pos // self.block_size)[:, None, :].expand(B, self.n_kv_heads, T))
         blocks = blocks.long()  # (B, Hkv, T)
         slots = (pos % self.block_size)[:, None, :]  # (B, 1, T)
-        self.k_pool[blocks, slots] = k.transpose(1, 2).to(self.dtype)  # (B, Hkv, T, D)
-        self.v_pool[blocks, slots] = v.transpose(1, 2).to(self.dtype)
+        store(self.k_pool, [blocks, slots], k.transpose(1, 2).to(self.dtype))  # (B, Hkv, T, D)
+        store(self.v_pool, [blocks, slots], v.transpose(1, 2).to(self.dtype))
         c = None
         if self.c_pool is not None:
             c = self.c_last[layer][:, None, :] + torch.cumsum(log_fgate.double(), dim=1)  # (B, T, H)
             g = torch.arange(self.group, device=k.device)[None, None, :, None]
-            self.c_pool[blocks[:, :, None, :], g, slots[:, :, None, :]] = (
-                c.view(B, T, self.n_kv_heads, self.group).permute(0, 2, 3, 1))  # (B, Hkv, G, T)
+            store(self.c_pool, [blocks[:, :, None, :], g, slots[:, :, None, :]],
+                  c.view(B, T, self.n_kv_heads, self.group).permute(0, 2, 3, 1))  # (B, Hkv, G, T)
             self.c_last[layer].copy_(c[:, -1])
         if shift_state is not None:
             self.shift[layer, 0].copy_(shift_state[0][:, -1:])

@@ -11,6 +11,7 @@ hands out cache blocks and, with ACP eviction, drops the keys the forget gates h
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -63,6 +64,13 @@ class Clock:
             self.marks[end].synchronize()
             return self.marks[start].elapsed_time(self.marks[end]) / 1e3
         return self.marks[end] - self.marks[start]
+
+
+def _graphs_compiled() -> int:
+    """Graphs torch.compile has compiled in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def decoder_of(model):
@@ -151,6 +159,7 @@ class Decoder:
         # Fused by Inductor, a step launches a fraction of the eager step's kernels (norms, gates, shifts and
         # casts become one kernel each); the CUDA graph then replays the compiled kernels.
         self.decode = torch.compile(decode_step, dynamic=None) if compile_step else decode_step
+        self.graphs_before = _graphs_compiled()
 
     def generate(self, input_ids, seq_start, prefill_chunk: int | None, cuda_graph: bool) -> GenerationOutput:
         """Prefill the prompts (B, P) (left padding before ``seq_start`` (B,)) into the empty cache, then decode
@@ -163,7 +172,12 @@ class Decoder:
         self.emit(logits)
         self.emitted = 1
         self.run(self.tokens.shape[1] - 1, cuda_graph)
-        return self.result(input_ids)
+        out = self.result(input_ids)
+        if self.decode is not decode_step and _graphs_compiled() != self.graphs_before:
+            # Compiling the step leaves torch.compile's trace objects in reference cycles that hold the cache's
+            # pools (tens of GB), and nothing but the cyclic collector frees them.
+            gc.collect()
+        return out
 
     def emit(self, logits: torch.Tensor) -> None:
         """Choose the next tokens from logits (B, V) and record them. Device tensors only."""
