@@ -30,24 +30,11 @@ import math
 import torch
 
 from ..ops.decode import forgetting_attention_decode
+from ..ops.paged_write import paged_write
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-@torch.library.custom_op("forgetting_transformer::cache_store", mutates_args=("pool",))
-def store(pool: torch.Tensor, indices: list[torch.Tensor], values: torch.Tensor) -> None:
-    """``pool[indices] = values``, opaque to ``torch.compile``. Written inline, Inductor turns the store into a
-    kernel that mutates the pool and, when it autotunes that kernel at the compiled step's first call, saves and
-    restores the whole pool around every config it times: tens of GB copied (through host memory when the GPU has
-    no room for a clone) per kernel, which made the first step of a 760M model at 32k x 8 take minutes."""
-    pool.index_put_(indices, values)
-
-
-@store.register_fake
-def _(pool, indices, values) -> None:
-    return None
 
 
 class PagedKVCache:
@@ -146,19 +133,11 @@ class PagedKVCache:
         """Store new tokens' k, v (B, T, Hkv, D), log forget gates (B, T, H) or None and pre-shift (k, v) or
         None at positions ``lengths .. lengths + T - 1``. Returns the new tokens' cumulative gates c (B, T, H)
         float64, or None without a gate."""
-        B, T = k.shape[:2]
-        pos = self.lengths[:, None] + torch.arange(T, device=k.device)  # (B, T)
-        blocks = self.tables[layer].gather(2, (pos // self.block_size)[:, None, :].expand(B, self.n_kv_heads, T))
-        blocks = blocks.long()  # (B, Hkv, T)
-        slots = (pos % self.block_size)[:, None, :]  # (B, 1, T)
-        store(self.k_pool, [blocks, slots], k.transpose(1, 2).to(self.dtype))  # (B, Hkv, T, D)
-        store(self.v_pool, [blocks, slots], v.transpose(1, 2).to(self.dtype))
         c = None
         if self.c_pool is not None:
             c = self.c_last[layer][:, None, :] + torch.cumsum(log_fgate.double(), dim=1)  # (B, T, H)
-            g = torch.arange(self.group, device=k.device)[None, None, :, None]
-            store(self.c_pool, [blocks[:, :, None, :], g, slots[:, :, None, :]],
-                  c.view(B, T, self.n_kv_heads, self.group).permute(0, 2, 3, 1))  # (B, Hkv, G, T)
+        paged_write(self.k_pool, self.v_pool, self.c_pool, self.tables[layer], self.lengths, k, v, c)
+        if c is not None:
             self.c_last[layer].copy_(c[:, -1])
         if shift_state is not None:
             self.shift[layer, 0].copy_(shift_state[0][:, -1:])

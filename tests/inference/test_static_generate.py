@@ -165,7 +165,7 @@ def test_bad_inputs_are_clear_errors():
 
 
 def test_generation_through_the_triton_kernel_equals_full_recomputation(prompts, monkeypatch):
-    # The decode step with the Triton kernel (interpreted on the CPU, fp32) over the cache as generation fills it:
+    # The decode step with the Triton kernels (interpreted on the CPU, fp32) over the cache as generation fills it:
     # blocks from the free list, left padding, GQA, a prefill chunk of several queries, eviction starts.
     import functools
 
@@ -173,6 +173,7 @@ def test_generation_through_the_triton_kernel_equals_full_recomputation(prompts,
 
     kernel = functools.partial(cache_module.forgetting_attention_decode, backend="triton", num_splits=2)
     monkeypatch.setattr(cache_module, "forgetting_attention_decode", kernel)
+    monkeypatch.setattr(cache_module, "paged_write", functools.partial(cache_module.paged_write, backend="triton"))
     model = tiny(LOCAL, dtype=torch.float32)
     out = generate(model, prompts, max_new_tokens=30, block_size=16, prefill_chunk=5, acp_eviction=True,
                    acp_eps=1e-2, output_logits=True)
