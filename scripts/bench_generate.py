@@ -103,8 +103,8 @@ def run(model, batch: int, prompt_len: int, new_tokens: int, mode: str, block_si
         dec = Decoder(model, cache, Sampler(), None, 0, n, False, None, compile_step and cuda)
         return dec.generate(ids, torch.zeros(batch, dtype=torch.long, device=ids.device), None, cuda)
 
-    # The warm-up call of a new shape compiles the step and autotunes the prefill's kernels: minutes for large
-    # shapes, so each phase says when it ends.
+    # The warm-up call of a new shape compiles the step and autotunes the prefill's kernels (about 100 s at 760M
+    # and 32k on an H100), so each phase says when it ends.
     start = time.monotonic()
     print(f"  {mode}, batch {batch}: warm-up call ...", flush=True)
     once(min(new_tokens, 8))
