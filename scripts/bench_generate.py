@@ -43,17 +43,23 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COLUMNS = ("model", "batch", "prompt", "new", "mode", "prefill ms", "ms/token", "tokens/s", "kept", "KV MiB")
 
 
-def build(name: str, size: str, overrides: list[str]):
-    """A DecoderLM from the config tree, random weights."""
+def compose_config(name: str, size: str, overrides: list[str]):
+    """The config tree of ``model=<name> model/size=<size>`` plus ``overrides`` (no data needed)."""
     from hydra import compose, initialize_config_dir
 
     from forgetting_transformer.config import register_configs
-    from forgetting_transformer.models import build_model
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"model={name}", f"model/size={size}", "data=longcrawl64",
-                                           "data.data_dir=unused", *overrides])
+        return compose("config", overrides=[f"model={name}", f"model/size={size}", "data=longcrawl64",
+                                            "data.data_dir=unused", *overrides])
+
+
+def build(name: str, size: str, overrides: list[str]):
+    """A DecoderLM from the config tree, random weights (seed 0)."""
+    from forgetting_transformer.models import build_model
+
+    cfg = compose_config(name, size, overrides)
     torch.manual_seed(0)
     return build_model(cfg.model), f"{name} {size}"
 

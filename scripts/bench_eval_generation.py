@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Wall time of the generation-based evaluations' decoding (NIAH, LongBench): the same prompts, greedy, two ways.
+
+    python scripts/bench_eval_generation.py                                   # FoX (Pro) 125M, NIAH's grid to 8k
+    python scripts/bench_eval_generation.py --lengths 1k,2k,4k,8k,16k,32k --depths 11 --batch-size 8 \\
+        --out docs/eval_generation_bench.md
+    python scripts/bench_eval_generation.py --checkpoint RUN_DIR              # a trained model
+
+``one at a time``: each prompt alone through transformers' ``generate()`` of ``FoXForCausalLM`` with its dynamic
+cache (``FoXCache``, eager), as the runners decoded before they batched. ``batched``:
+``eval.common.generate_batched`` with ``--batch-size`` prompts per call, grouped by length, through
+``forgetting_transformer.inference.generate`` (paged static cache, decode kernel, compiled step, CUDA graphs), as
+``eval.niah.run`` and ``eval.longbench.run`` decode now. Prompts: one per (length, depth) cell of a NIAH grid, of
+exactly that many random token ids (the time depends on the lengths, not on the text; seed 0). Both paths run one
+untimed warm-up prompt of the shortest length first (compilation, autotuning); the timed passes then include every
+later compilation for new shapes, as an evaluation run sees them. ``same tokens`` counts prompts whose
+continuations agree token for token (in bf16 a near-tie may differ between a batch and a single row). The table is
+printed; ``--out`` also writes it with the command, device and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench_generate import compose_config  # noqa: E402
+from eval.common import GenerationOptions, eos_and_pad, generate_batched, to_hf, until_eos  # noqa: E402
+from eval.niah.run import parse_lengths  # noqa: E402
+
+COLUMNS = ("path", "prompts", "prompt tokens", "new tokens", "wall s", "prompts/s", "speedup", "same tokens")
+
+
+def load(a):
+    """(FoXForCausalLM, label): a training run's model, or random weights (seed 0) from the config tree."""
+    if a.checkpoint:
+        from eval.common import load_run
+
+        model, cfg, _ = load_run(a.checkpoint)
+        return to_hf(model, cfg), Path(a.checkpoint).name
+    from forgetting_transformer.models import build_model
+
+    cfg = compose_config(a.model, a.size, a.override)
+    torch.manual_seed(0)
+    return to_hf(build_model(cfg.model), cfg), f"{a.model} {a.size}"
+
+
+def one_at_a_time(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations through transformers' generate(), one prompt per call, cut after the first eos."""
+    eos, pad = eos_and_pad(model)
+    out = []
+    for p in prompts:
+        ids = torch.tensor([p], device=model.device)
+        seq = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
+                             pad_token_id=pad)
+        out.append(until_eos(seq[0, len(p):].tolist(), set(eos or ())))
+    return out
+
+
+def batched(model, prompts: list[list[int]], max_new_tokens: int, options: GenerationOptions) -> list[list[int]]:
+    eos, pad = eos_and_pad(model)
+    return generate_batched(model, prompts, max_new_tokens, options, eos_token_id=eos, pad_token_id=pad)
+
+
+def timed(fn, device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+def table(rows: list[dict]) -> str:
+    def fmt(v):
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    return "\n".join(lines + ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in rows])
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="fox_pro", help="configs/model name (random weights)")
+    p.add_argument("--size", default="125m", help="configs/model/size name")
+    p.add_argument("--override", nargs="*", default=[], help="config overrides, e.g. model.n_layers=2")
+    p.add_argument("--checkpoint", help="a training run directory (instead of --model/--size)")
+    p.add_argument("--lengths", type=parse_lengths, default=parse_lengths("1k,2k,4k,8k"),
+                   help="prompt lengths, comma-separated, 'k' = 1024 (default 1k,2k,4k,8k)")
+    p.add_argument("--depths", type=int, default=11, help="prompts per length (NIAH's depths; default 11)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call of the batched path")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--out", type=Path, help="also write the table (with command and device) to this file")
+    a = p.parse_args(argv)
+    if a.depths < 1 or a.max_new_tokens < 1 or a.batch_size < 1 or min(a.lengths) < 2:
+        p.error("--depths, --max-new-tokens and --batch-size must be >= 1, and every length >= 2")
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    options = GenerationOptions(batch_size=a.batch_size)
+    model, label = load(a)
+    model = model.to(device=device, dtype=options.torch_dtype(device)).eval()
+    gen = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    prompts = [torch.randint(1, V, (L,), generator=gen).tolist() for L in a.lengths for _ in range(a.depths)]
+    warm = [prompts[a.lengths.index(min(a.lengths)) * a.depths]]
+    with torch.no_grad():
+        one_at_a_time(model, warm, a.max_new_tokens)
+        batched(model, warm, a.max_new_tokens, options)
+        print(f"{label}: {len(prompts)} prompts, warm-up done; one at a time ...", flush=True)
+        ref, t_one = timed(lambda: one_at_a_time(model, prompts, a.max_new_tokens), device)
+        print(f"  one at a time: {t_one:.1f} s; batched ...", flush=True)
+        got, t_batch = timed(lambda: batched(model, prompts, a.max_new_tokens, options), device)
+    same = sum(x == y for x, y in zip(ref, got))
+    n_tok = sum(len(x) for x in prompts)
+    rows = [{"path": "one at a time", "wall s": t_one, "new tokens": sum(map(len, ref)), "speedup": 1.0},
+            {"path": f"batched ({a.batch_size})", "wall s": t_batch, "new tokens": sum(map(len, got)),
+             "speedup": t_one / t_batch}]
+    for r in rows:
+        r.update({"prompts": len(prompts), "prompt tokens": n_tok, "prompts/s": len(prompts) / r["wall s"],
+                  "same tokens": f"{same}/{len(prompts)}"})
+    text = table(rows)
+    print(text)
+    if a.out:
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = " ".join(sys.argv[1:] if argv is None else argv)
+        a.out.write_text(f"# Evaluation decoding benchmark\n\n`python scripts/bench_eval_generation.py {cmd}`\n\n"
+                         f"{label}. Device: {name}; torch {torch.__version__}; {datetime.date.today()}.\n\n{text}\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""scripts/bench_eval_generation.py on the CPU at toy size: both paths' rows, equal continuations, and --out."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_eval_generation import COLUMNS, main  # noqa: E402
+
+
+def test_bench_times_both_paths_on_the_same_prompts_and_writes_the_table(tmp_path, capsys):
+    out = tmp_path / "bench.md"
+    argv = ["--model", "fox_pro", "--size", "tiny", "--override", "model.n_layers=1", "model.d_model=64",
+            "model.head_dim=32", "--lengths", "20,37", "--depths", "3", "--max-new-tokens", "6", "--batch-size", "4",
+            "--device", "cpu", "--out", str(out)]
+    rows = main(argv)
+    assert [r["path"] for r in rows] == ["one at a time", "batched (4)"]
+    for r in rows:
+        assert r["prompts"] == 6 and r["prompt tokens"] == 3 * (20 + 37) and r["wall s"] > 0
+        assert r["same tokens"] == "6/6"  # float32 on the CPU: a batch decodes as each prompt alone
+        assert 6 <= r["new tokens"] <= 36
+    assert rows[1]["speedup"] == rows[0]["wall s"] / rows[1]["wall s"]
+    assert "| " + " | ".join(COLUMNS) + " |" in capsys.readouterr().out
+    text = out.read_text()
+    assert text.startswith("# Evaluation decoding benchmark") and "--batch-size 4" in text
+    assert text.count("| one at a time |") == 1 and text.count("| batched (4) |") == 1
+
+
+def test_bench_rejects_bad_sizes(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--size", "tiny", "--depths", "0", "--device", "cpu"])
+    assert "--depths, --max-new-tokens and --batch-size must be >= 1" in capsys.readouterr().err
