@@ -21,8 +21,6 @@ printed; ``--out`` also writes it with the command, device and versions.
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench_generate import compose_config  # noqa: E402
+from bench_generate import compose_config, table, write  # noqa: E402
 from eval.common import GenerationOptions, eos_and_pad, generate_batched, to_hf, until_eos  # noqa: E402
 from eval.niah.run import parse_lengths  # noqa: E402
 
@@ -81,14 +79,6 @@ def timed(fn, device: torch.device):
     return out, time.perf_counter() - start
 
 
-def table(rows: list[dict]) -> str:
-    def fmt(v):
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    return "\n".join(lines + ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in rows])
-
-
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="fox_pro", help="configs/model name (random weights)")
@@ -128,14 +118,11 @@ def main(argv=None) -> list[dict]:
     for r in rows:
         r.update({"prompts": len(prompts), "prompt tokens": n_tok, "prompts/s": len(prompts) / r["wall s"],
                   "same tokens": f"{same}/{len(prompts)}"})
-    text = table(rows)
+    text = table(rows, COLUMNS)
     print(text)
     if a.out:
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = " ".join(sys.argv[1:] if argv is None else argv)
-        a.out.write_text(f"# Evaluation decoding benchmark\n\n`python scripts/bench_eval_generation.py {cmd}`\n\n"
-                         f"{label}. Device: {name}; torch {torch.__version__}; {datetime.date.today()}.\n\n{text}\n")
+        write(a.out, text, sys.argv[1:] if argv is None else argv, device, title="Evaluation decoding benchmark",
+              script="bench_eval_generation.py", what=f"{label}. ")
     return rows
 
 

@@ -138,19 +138,23 @@ def modes(model, a) -> list[str]:
     return out
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
+    """A markdown table of ``rows``' ``columns``, floats to 3 significant digits."""
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)
 
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def write(path: Path, text: str, argv: list[str], device: torch.device) -> None:
+def write(path: Path, text: str, argv: list[str], device: torch.device, title: str = "Generation benchmark",
+          script: str = "bench_generate.py", what: str = "") -> None:
+    """``text`` under ``# title``, the command (``python scripts/<script> <argv>``), ``what`` was measured, the
+    device, torch version and date."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# Generation benchmark\n\n`python scripts/bench_generate.py {' '.join(argv)}`\n\n"
+    path.write_text(f"# {title}\n\n`python scripts/{script} {' '.join(argv)}`\n\n{what}"
                     f"Device: {name}; torch {torch.__version__}; {datetime.date.today().isoformat()}.\n\n"
                     f"{text}\n")
 

@@ -60,8 +60,8 @@ def _paged_write_kernel(
 def paged_write_launch(k_pool, v_pool, c_pool, table, lengths, k, v, c) -> None:
     """Launch ``_paged_write_kernel`` (arguments as ``paged_write``, already checked)."""
     B, T, Hkv, D = k.shape
-    G = c_pool.shape[1] if c_pool is not None else 1
     gated = c_pool is not None
+    G = c_pool.shape[1] if gated else 1
     cp, cc = (c_pool, c) if gated else (k_pool, k)  # (dummy pointers when there is no gate)
     launch_cache.launch(_paged_write_kernel, (B * Hkv * T,),
         k, v, cc, k_pool, v_pool, cp, table, lengths,
