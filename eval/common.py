@@ -154,13 +154,16 @@ class GenerationOptions:
     on CUDA, float32 elsewhere). prefill_chunk: prompt tokens per prefill forward (``--prefill-chunk``; None:
     ``TRANSFORMER_PREFILL_CHUNK`` for Transformers, whose attention over a padded prompt builds a (T, T) mask per
     row, the whole prompt for FoX, whose kernel takes the padding as an argument). acp_eviction: ``--acp-eviction``
-    (None: the model config's)."""
+    (None: the model config's). compile_step: ``--compile-step``, ``generate()``'s ``compile_step`` (default off:
+    an evaluation generates a few dozen tokens per prompt, and compiling the decoding step costs tens of seconds
+    once per process to save about a millisecond per step; see docs/generation.md)."""
 
     batch_size: int = 8
     max_batch_tokens: int | None = None
     dtype: str = "auto"
     prefill_chunk: int | None = None
     acp_eviction: bool | None = None
+    compile_step: bool = False
 
     def __post_init__(self):
         for name in ("batch_size", "max_batch_tokens", "prefill_chunk"):
@@ -170,12 +173,14 @@ class GenerationOptions:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be an integer >= 1; got {value!r}")
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype (--dtype) must be auto or one of {sorted(DTYPES)}; got {self.dtype!r}")
+        if not isinstance(self.compile_step, bool):
+            raise ValueError(f"compile_step (--compile-step) must be True or False; got {self.compile_step!r}")
 
     @classmethod
     def from_args(cls, args) -> "GenerationOptions":
         """From the namespace of a parser that ``eval.cli.add_generation_args`` extended."""
         return cls(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, dtype=args.dtype,
-                   prefill_chunk=args.prefill_chunk, acp_eviction=args.acp_eviction)
+                   prefill_chunk=args.prefill_chunk, acp_eviction=args.acp_eviction, compile_step=args.compile_step)
 
     def torch_dtype(self, device) -> torch.dtype:
         if self.dtype == "auto":
@@ -281,7 +286,7 @@ def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, optio
         else:
             out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens, do_sample=False,
                            eos_token_id=eos_token_id, pad_token_id=pad_token_id, acp_eviction=options.acp_eviction,
-                           prefill_chunk=chunk)
+                           prefill_chunk=chunk, compile_step=options.compile_step)
             rows = out.sequences[:, max(len(prompts[i]) for i in group):].tolist()
         for i, row in zip(group, rows):
             answers[i] = until_eos(row, eos)

@@ -9,13 +9,19 @@
 ``one at a time``: each prompt alone through transformers' ``generate()`` of ``FoXForCausalLM`` with its dynamic
 cache (``FoXCache``, eager), as the runners decoded before they batched. ``batched``:
 ``eval.common.generate_batched`` with ``--batch-size`` prompts per call, grouped by length, through
-``forgetting_transformer.inference.generate`` (paged static cache, decode kernel, compiled step, CUDA graphs), as
-``eval.niah.run`` and ``eval.longbench.run`` decode now. Prompts: one per (length, depth) cell of a NIAH grid, of
-exactly that many random token ids (the time depends on the lengths, not on the text; seed 0). Both paths run one
-untimed warm-up prompt of the shortest length first (compilation, autotuning); the timed passes then include every
-later compilation for new shapes, as an evaluation run sees them. ``same tokens`` counts prompts whose
-continuations agree token for token (in bf16 a near-tie may differ between a batch and a single row). The table is
-printed; ``--out`` also writes it with the command, device and versions.
+``forgetting_transformer.inference.generate`` (paged static cache, decode kernel, CUDA graphs; the step compiled
+with ``--compile-step``), as ``eval.niah.run`` and ``eval.longbench.run`` decode now. Prompts: one per (length,
+depth) cell of a NIAH grid, of exactly that many random token ids (the time depends on the lengths, not on the
+text; seed 0).
+
+The paths alternate over ``--passes`` passes (default 2), one at a time first. Pass 1 is what a fresh evaluation
+process pays: the Triton autotuning of each new shape class (the one-at-a-time path, first, pays the prefill
+kernel's for unpadded prompts; the batched path those of padded ones), CUDA graph captures, and with
+``--compile-step`` the compilation of the decoding step (once per process, once more for a batch of one). Later
+passes are warm. ``speedup``: the one-at-a-time wall time of the same pass over the row's. ``same tokens`` counts
+prompts whose continuations agree token for token with the first one-at-a-time pass (in bf16, a near-tie of
+random weights' flat distributions may go either way between a batch and a single row; ``--dtype float32`` tells
+whether that is all). The table is printed; ``--out`` also writes it with the command, device and versions.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from bench_generate import compose_config, table, write  # noqa: E402
 from eval.common import GenerationOptions, eos_and_pad, generate_batched, to_hf, until_eos  # noqa: E402
 from eval.niah.run import parse_lengths  # noqa: E402
 
-COLUMNS = ("path", "prompts", "prompt tokens", "new tokens", "wall s", "prompts/s", "speedup", "same tokens")
+COLUMNS = ("path", "pass", "prompts", "prompt tokens", "new tokens", "wall s", "prompts/s", "speedup", "same tokens")
 
 
 def load(a):
@@ -90,39 +96,48 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--depths", type=int, default=11, help="prompts per length (NIAH's depths; default 11)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call of the batched path")
+    p.add_argument("--passes", type=int, default=2, help="timed passes of each path (default 2: cold, warm)")
+    p.add_argument("--dtype", default="auto", help="the weights' dtype: auto (bfloat16 on CUDA, float32 "
+                   "elsewhere), float32, bfloat16 or float16")
+    p.add_argument("--compile-step", action=argparse.BooleanOptionalAction, default=False,
+                   help="the batched path compiles its decoding step (the runners' --compile-step; default off)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--out", type=Path, help="also write the table (with command and device) to this file")
     a = p.parse_args(argv)
-    if a.depths < 1 or a.max_new_tokens < 1 or a.batch_size < 1 or min(a.lengths) < 2:
-        p.error("--depths, --max-new-tokens and --batch-size must be >= 1, and every length >= 2")
+    if min(a.depths, a.max_new_tokens, a.batch_size, a.passes) < 1 or min(a.lengths) < 2:
+        p.error("--depths, --max-new-tokens, --batch-size and --passes must be >= 1, and every length >= 2")
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    options = GenerationOptions(batch_size=a.batch_size)
+    try:
+        options = GenerationOptions(batch_size=a.batch_size, dtype=a.dtype, compile_step=a.compile_step)
+    except ValueError as e:
+        p.error(str(e))
     model, label = load(a)
     model = model.to(device=device, dtype=options.torch_dtype(device)).eval()
     gen = torch.Generator().manual_seed(0)
     V = model.config.vocab_size
     prompts = [torch.randint(1, V, (L,), generator=gen).tolist() for L in a.lengths for _ in range(a.depths)]
-    warm = [prompts[a.lengths.index(min(a.lengths)) * a.depths]]
+    paths = {"one at a time": lambda: one_at_a_time(model, prompts, a.max_new_tokens),
+             f"batched ({a.batch_size})": lambda: batched(model, prompts, a.max_new_tokens, options)}
+    rows, ref = [], None
+    print(f"{label}, {options.dtype_name(device)}: {len(prompts)} prompts, {a.passes} passes", flush=True)
     with torch.no_grad():
-        one_at_a_time(model, warm, a.max_new_tokens)
-        batched(model, warm, a.max_new_tokens, options)
-        print(f"{label}: {len(prompts)} prompts, warm-up done; one at a time ...", flush=True)
-        ref, t_one = timed(lambda: one_at_a_time(model, prompts, a.max_new_tokens), device)
-        print(f"  one at a time: {t_one:.1f} s; batched ...", flush=True)
-        got, t_batch = timed(lambda: batched(model, prompts, a.max_new_tokens, options), device)
-    same = sum(x == y for x, y in zip(ref, got))
+        for n in range(1, a.passes + 1):
+            for path, fn in paths.items():
+                got, wall = timed(fn, device)
+                ref = got if ref is None else ref
+                print(f"  pass {n}, {path}: {wall:.1f} s", flush=True)
+                rows.append({"path": path, "pass": n, "wall s": wall, "new tokens": sum(map(len, got)),
+                             "same tokens": f"{sum(x == y for x, y in zip(ref, got))}/{len(prompts)}"})
     n_tok = sum(len(x) for x in prompts)
-    rows = [{"path": "one at a time", "wall s": t_one, "new tokens": sum(map(len, ref)), "speedup": 1.0},
-            {"path": f"batched ({a.batch_size})", "wall s": t_batch, "new tokens": sum(map(len, got)),
-             "speedup": t_one / t_batch}]
     for r in rows:
+        one = next(o for o in rows if o["pass"] == r["pass"] and o["path"] == "one at a time")
         r.update({"prompts": len(prompts), "prompt tokens": n_tok, "prompts/s": len(prompts) / r["wall s"],
-                  "same tokens": f"{same}/{len(prompts)}"})
+                  "speedup": one["wall s"] / r["wall s"]})
     text = table(rows, COLUMNS)
     print(text)
     if a.out:
         write(a.out, text, sys.argv[1:] if argv is None else argv, device, title="Evaluation decoding benchmark",
-              script="bench_eval_generation.py", what=f"{label}. ")
+              script="bench_eval_generation.py", what=f"{label}, {options.dtype_name(device)}. ")
     return rows
 
 

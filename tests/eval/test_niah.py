@@ -329,6 +329,31 @@ def test_generate_batched_passes_acp_eviction_on(monkeypatch):
     assert len(stats) == 2 and all(s["acp_eviction"] and (s["kept_fraction"] < 1).all() for s in stats)  # dropped
 
 
+@pytest.mark.parametrize("argv, want", [([], False), (["--compile-step"], True), (["--no-compile-step"], False)])
+def test_compile_step_flag_reaches_generate(monkeypatch, argv, want):
+    import argparse
+
+    import forgetting_transformer.inference as inference
+    from eval.cli import add_generation_args
+
+    parser = argparse.ArgumentParser()
+    add_generation_args(parser)
+    options = GenerationOptions.from_args(parser.parse_args(argv))
+    seen = []
+
+    def spy(*args, **kwargs):  # records the argument; compiling is not what this test is about
+        seen.append(kwargs["compile_step"])
+        return generate(*args, **{**kwargs, "compile_step": False})
+
+    generate = inference.generate
+    monkeypatch.setattr(inference, "generate", spy)
+    prompts = [[5, 6, 7], [8, 9]]
+    got = generate_batched(tiny_lm("fox_pro"), prompts, 3, options)
+    assert seen == [want] and len(got) == 2 and all(len(g) == 3 for g in got)
+    with pytest.raises(ValueError, match="--compile-step"):
+        GenerationOptions(compile_step="yes")
+
+
 def test_options_dtype_chunk_and_eviction_checks():
     fox, transformer, llama = tiny_lm("fox_pro"), tiny_lm("transformer_llama"), tiny_lm("fox_llama")
     auto = GenerationOptions()

@@ -14,16 +14,18 @@ def test_bench_times_both_paths_on_the_same_prompts_and_writes_the_table(tmp_pat
             "model.head_dim=32", "--lengths", "20,37", "--depths", "3", "--max-new-tokens", "6", "--batch-size", "4",
             "--device", "cpu", "--out", str(out)]
     rows = main(argv)
-    assert [r["path"] for r in rows] == ["one at a time", "batched (4)"]
+    assert [(r["path"], r["pass"]) for r in rows] == [("one at a time", 1), ("batched (4)", 1),
+                                                       ("one at a time", 2), ("batched (4)", 2)]
     for r in rows:
         assert r["prompts"] == 6 and r["prompt tokens"] == 3 * (20 + 37) and r["wall s"] > 0
         assert r["same tokens"] == "6/6"  # float32 on the CPU: a batch decodes as each prompt alone
         assert 6 <= r["new tokens"] <= 36
-    assert rows[1]["speedup"] == rows[0]["wall s"] / rows[1]["wall s"]
+    assert rows[1]["speedup"] == rows[0]["wall s"] / rows[1]["wall s"]  # against one at a time, same pass
+    assert rows[3]["speedup"] == rows[2]["wall s"] / rows[3]["wall s"] and rows[2]["speedup"] == 1
     assert "| " + " | ".join(COLUMNS) + " |" in capsys.readouterr().out
     text = out.read_text()
     assert text.startswith("# Evaluation decoding benchmark") and "--batch-size 4" in text
-    assert text.count("| one at a time |") == 1 and text.count("| batched (4) |") == 1
+    assert text.count("| one at a time | 1 |") == 1 and text.count("| batched (4) | 2 |") == 1
 
 
 def test_bench_rejects_bad_sizes(capsys):
@@ -31,4 +33,10 @@ def test_bench_rejects_bad_sizes(capsys):
 
     with pytest.raises(SystemExit):
         main(["--size", "tiny", "--depths", "0", "--device", "cpu"])
-    assert "--depths, --max-new-tokens and --batch-size must be >= 1" in capsys.readouterr().err
+    assert "--depths, --max-new-tokens, --batch-size and --passes must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--size", "tiny", "--passes", "0", "--device", "cpu"])
+    assert "--passes must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--size", "tiny", "--dtype", "fp8", "--device", "cpu"])
+    assert "dtype (--dtype) must be auto or one of" in capsys.readouterr().err

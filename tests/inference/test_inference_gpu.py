@@ -1,5 +1,6 @@
-"""GPU tests of decoding: the decode kernel in bf16 at model sizes against its float64 reference, and generate()
-with CUDA graph replay against eager steps, with and without ACP eviction.
+"""GPU tests of decoding: the decode kernel in bf16 at model sizes against its float64 reference, the cache-write
+kernel against PyTorch indexing at model sizes, and generate() with CUDA graph replay against eager steps, with
+and without ACP eviction.
 
 Run on a GPU machine: ``python -m pytest -m gpu tests/inference -q``.
 """
@@ -12,6 +13,7 @@ from inference_models import LOCAL, VARIANTS, tiny
 from test_decode_kernel import paged
 from forgetting_transformer.inference import generate
 from forgetting_transformer.ops.decode import forgetting_attention_decode, forgetting_attention_decode_ref
+from forgetting_transformer.ops.paged_write import paged_write, paged_write_ref
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,6 +40,33 @@ def test_decode_kernel_bf16_matches_float64_reference(B, Tq, H, Hkv, D, S):
                                       c_q=c_q.cuda(), c_pool=c_pool.nan_to_num().cuda())
     rel = (got.double() - want).norm() / want.norm()
     assert rel < 1e-2, rel
+
+
+@pytest.mark.parametrize("B, T, Hkv, G, D, BS", [
+    (8, 2100, 4, 3, 128, 64),   # a prompt chunk of a GQA model over many blocks, ragged lengths
+    (8, 1, 12, 1, 64, 256),     # one decoded token per sequence, 12 kv heads (125M)
+    (1, 70000, 1, 2, 64, 128),  # more programs than a grid's second axis allows (65,535)
+])
+def test_paged_write_kernel_matches_indexing_at_model_sizes(B, T, Hkv, G, D, BS):
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.randint(0, 3 * BS, (B,), generator=gen)
+    n_per_row = -(-(int(lengths.max()) + T) // BS)
+    n_blocks = B * Hkv * n_per_row + 3
+    table = torch.randperm(n_blocks, generator=gen)[: B * Hkv * n_per_row].to(torch.int32).view(B, Hkv, n_per_row)
+    pools = [torch.full((n_blocks, BS, D), float("nan"), dtype=torch.bfloat16),
+             torch.full((n_blocks, BS, D), float("nan"), dtype=torch.bfloat16),
+             torch.full((n_blocks, G, BS), float("nan"), dtype=torch.float64)]
+    k = torch.randn(B, T, Hkv, D, generator=gen)  # float32: cast to the pools' bf16 on the way
+    v = torch.randn(B, Hkv, T, D, generator=gen).transpose(1, 2)  # strides not those of a contiguous tensor
+    c = torch.randn(B, T, Hkv * G, generator=gen, dtype=torch.float64)
+    pools = [t.cuda() for t in pools]
+    table, lengths, k, v, c = (t.cuda() for t in (table, lengths, k, v, c))
+    want = [p.clone() for p in pools]
+    paged_write_ref(*want, table, lengths, k, v, c)
+    paged_write(*pools, table, lengths, k, v, c)  # the default on CUDA: the Triton kernel
+    for got, ref in zip(pools, want):
+        assert torch.equal(got.isnan(), ref.isnan())  # every slot written, nothing else touched
+        assert torch.equal(got.nan_to_num(), ref.nan_to_num())
 
 
 @pytest.mark.parametrize("name, eviction", [("fox_pro_rope_gqa", False), ("transformer_pro_gqa", False),
