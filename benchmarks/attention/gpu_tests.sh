@@ -8,8 +8,13 @@
 # fit the GPU's shared memory; the pass that counts), then with each head dim's fixed configs (FOX_AUTOTUNE=0).
 # Then the shared-memory bound by which configs are pruned, against this triton's compiler (compile_kernels --smem,
 # no GPU needed), and the benchmark. Exits 1 if any step failed.
-# PASSES (default "autotuned fixed"), SHARD=I/N (the I-th of N disjoint parts of the tests, round robin; an
-# autotuned pass on one H200 takes longer than 10 minutes, so e.g. SHARD=1/3, 2/3, 3/3 in three calls), PYTEST_K
+# JOBS=N runs each pass as N pytest processes at once on the same GPU, the N disjoint parts of the tests (the
+# autotuned pass is bound by triton's compilations on the CPU: with JOBS=4 both passes took 7.5 minutes on an H100
+# machine of 16 cores, where one process had not finished a third of the autotuned pass in 10 minutes; tests time
+# nothing, so sharing the GPU changes no result, only which config an autotuning picks). A line every 30 s counts
+# the tests done.
+# PASSES (default "autotuned fixed"), SHARD=I/N (the I-th of N disjoint parts of the tests, round robin, e.g.
+# SHARD=1/3, 2/3, 3/3 in three sittings; not with JOBS), PYTEST_K
 # (a pytest -k expression, e.g. PYTEST_K='fused or acp'), SKIP_TESTS=1, SKIP_SMEM=1 and SKIP_BENCH=1 split the run
 # into several shorter ones; PYTEST_ARGS adds other pytest flags (split on spaces, e.g. -x); BENCH_ARGS, the
 # benchmark's.
@@ -35,6 +40,13 @@ if ls .whl/fla_core-*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$OUTDIR/gpu.txt"
 status=0
+case ${JOBS:-1} in
+  '' | *[!0-9]* | 0) echo "JOBS=${JOBS}: expected a positive integer" >&2; exit 2 ;;
+esac
+if [ -n "${SHARD:-}" ] && [ "${JOBS:-1}" -gt 1 ]; then
+  echo "SHARD and JOBS go separately: JOBS=N runs all N parts at once" >&2
+  exit 2
+fi
 if [ "${SKIP_TESTS:-0}" != "1" ]; then
   for pass in ${PASSES:-autotuned fixed}; do
     case $pass in
@@ -42,6 +54,28 @@ if [ "${SKIP_TESTS:-0}" != "1" ]; then
       fixed) autotune=0 ;;
       *) echo "PASSES: unknown pass '$pass' (autotuned, fixed)" >&2; exit 2 ;;
     esac
+    if [ "${JOBS:-1}" -gt 1 ]; then
+      echo "== GPU tests, $pass configs (FOX_AUTOTUNE=$autotune), $JOBS processes at once"
+      pids=()
+      for i in $(seq 1 "$JOBS"); do
+        FOX_AUTOTUNE=$autotune python3 -m pytest -m gpu tests/ops -q -s ${PYTEST_K:+-k "$PYTEST_K"} \
+          --shard "$i/$JOBS" --durations=10 ${PYTEST_ARGS:-} > "$OUTDIR/gpu_tests_${pass}_part$i.log" 2>&1 &
+        pids+=($!)
+      done
+      waited=0
+      while kill -0 "${pids[@]}" 2>/dev/null; do  # (true while any part runs)
+        sleep 5
+        waited=$((waited + 5))
+        if [ $((waited % 30)) = 0 ]; then
+          echo "  $waited s: $(cat "$OUTDIR"/gpu_tests_"$pass"_part*.log | grep -o '^[.sFE]*' | tr -d '\n' | wc -c) tests done"
+        fi
+      done
+      for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || status=1
+        echo "part $((i + 1))/$JOBS: $(tail -n 1 "$OUTDIR/gpu_tests_${pass}_part$((i + 1)).log")"
+      done
+      continue
+    fi
     echo "== GPU tests, $pass configs (FOX_AUTOTUNE=$autotune)${SHARD:+, part $SHARD}"
     FOX_AUTOTUNE=$autotune python3 -m pytest -m gpu tests/ops -q -s ${PYTEST_K:+-k "$PYTEST_K"} \
       ${SHARD:+--shard "$SHARD"} --durations=10 ${PYTEST_ARGS:-} 2>&1 \
