@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
 from bench_generate import compose_config, table, write  # noqa: E402
 from eval.common import GenerationOptions, eos_and_pad, generate_batched, to_hf, until_eos  # noqa: E402
 from eval.niah.run import parse_lengths  # noqa: E402
+from forgetting_transformer.training.progress import Progress  # noqa: E402
 
 COLUMNS = ("path", "pass", "prompts", "prompt tokens", "new tokens", "wall s", "prompts/s", "speedup", "same tokens")
 
@@ -58,8 +59,9 @@ def load(a):
     return to_hf(build_model(cfg.model), cfg), f"{a.model} {a.size}"
 
 
-def one_at_a_time(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Greedy continuations through transformers' generate(), one prompt per call, cut after the first eos."""
+def one_at_a_time(model, prompts: list[list[int]], max_new_tokens: int, on_prompt=None) -> list[list[int]]:
+    """Greedy continuations through transformers' generate(), one prompt per call, cut after the first eos;
+    ``on_prompt(1)`` after each (progress)."""
     eos, pad = eos_and_pad(model)
     out = []
     for p in prompts:
@@ -67,12 +69,16 @@ def one_at_a_time(model, prompts: list[list[int]], max_new_tokens: int) -> list[
         seq = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
                              pad_token_id=pad)
         out.append(until_eos(seq[0, len(p):].tolist(), set(eos or ())))
+        if on_prompt is not None:
+            on_prompt(1)
     return out
 
 
-def batched(model, prompts: list[list[int]], max_new_tokens: int, options: GenerationOptions) -> list[list[int]]:
+def batched(model, prompts: list[list[int]], max_new_tokens: int, options: GenerationOptions,
+            on_group=None) -> list[list[int]]:
     eos, pad = eos_and_pad(model)
-    return generate_batched(model, prompts, max_new_tokens, options, eos_token_id=eos, pad_token_id=pad)
+    return generate_batched(model, prompts, max_new_tokens, options, eos_token_id=eos, pad_token_id=pad,
+                            on_group=on_group)
 
 
 def timed(fn, device: torch.device):
@@ -98,7 +104,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call of the batched path")
     p.add_argument("--passes", type=int, default=2, help="timed passes of each path (default 2: cold, warm)")
     p.add_argument("--dtype", default="auto", help="the weights' dtype: auto (bfloat16 on CUDA, float32 "
-                   "elsewhere), float32, bfloat16 or float16")
+                   "elsewhere), float32 or bfloat16")
     p.add_argument("--compile-step", action=argparse.BooleanOptionalAction, default=False,
                    help="the batched path compiles its decoding step (the runners' --compile-step; default off)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
@@ -116,14 +122,15 @@ def main(argv=None) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     V = model.config.vocab_size
     prompts = [torch.randint(1, V, (L,), generator=gen).tolist() for L in a.lengths for _ in range(a.depths)]
-    paths = {"one at a time": lambda: one_at_a_time(model, prompts, a.max_new_tokens),
-             f"batched ({a.batch_size})": lambda: batched(model, prompts, a.max_new_tokens, options)}
+    paths = {"one at a time": lambda bar: one_at_a_time(model, prompts, a.max_new_tokens, bar.update),
+             f"batched ({a.batch_size})": lambda bar: batched(model, prompts, a.max_new_tokens, options, bar.update)}
     rows, ref = [], None
     print(f"{label}, {options.dtype_name(device)}: {len(prompts)} prompts, {a.passes} passes", flush=True)
     with torch.no_grad():
         for n in range(1, a.passes + 1):
             for path, fn in paths.items():
-                got, wall = timed(fn, device)
+                with Progress(len(prompts), f"pass {n}, {path}", "prompt") as bar:  # a line every ~10 s
+                    got, wall = timed(lambda: fn(bar), device)
                 ref = got if ref is None else ref
                 print(f"  pass {n}, {path}: {wall:.1f} s", flush=True)
                 rows.append({"path": path, "pass": n, "wall s": wall, "new tokens": sum(map(len, got)),

@@ -8,7 +8,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_eval_generation import COLUMNS, main  # noqa: E402
 
 
-def test_bench_times_both_paths_on_the_same_prompts_and_writes_the_table(tmp_path, capsys):
+def test_bench_times_both_paths_on_the_same_prompts_and_writes_the_table(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")  # a progress line after every prompt or group
     out = tmp_path / "bench.md"
     argv = ["--model", "fox_pro", "--size", "tiny", "--override", "model.n_layers=1", "model.d_model=64",
             "model.head_dim=32", "--lengths", "20,37", "--depths", "3", "--max-new-tokens", "6", "--batch-size", "4",
@@ -22,7 +23,10 @@ def test_bench_times_both_paths_on_the_same_prompts_and_writes_the_table(tmp_pat
         assert 6 <= r["new tokens"] <= 36
     assert rows[1]["speedup"] == rows[0]["wall s"] / rows[1]["wall s"]  # against one at a time, same pass
     assert rows[3]["speedup"] == rows[2]["wall s"] / rows[3]["wall s"] and rows[2]["speedup"] == 1
-    assert "| " + " | ".join(COLUMNS) + " |" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "| " + " | ".join(COLUMNS) + " |" in printed.out
+    for line in ("pass 1, one at a time: 3/6 prompt", "pass 2, batched (4): 4/6 prompt", "batched (4): 6/6 prompt"):
+        assert line in printed.err
     text = out.read_text()
     assert text.startswith("# Evaluation decoding benchmark") and "--batch-size 4" in text
     assert text.count("| one at a time | 1 |") == 1 and text.count("| batched (4) | 2 |") == 1
