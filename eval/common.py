@@ -234,13 +234,16 @@ def prepare_for_generation(model, options: GenerationOptions, device):
 def generation_groups(lengths: list[int], batch_size: int, max_batch_tokens: int | None = None) -> list[list[int]]:
     """Indices of prompts of these token ``lengths`` grouped for batched generation. Sorted longest first (similar
     lengths pad little, and a group too large for memory fails at the start, not hours in; ties keep the input
-    order); at most ``batch_size`` prompts per group and, with ``max_batch_tokens``, at most that many padded
-    prompt tokens (prompts × the group's longest; a prompt longer than the cap runs alone)."""
+    order); at most ``batch_size`` prompts per group; a prompt joins a group only if it is longer than half the
+    group's longest (left padding at most doubles a row's prefill; at NIAH's doubling lengths no group mixes
+    lengths, so its prefill runs unpadded, on the attention kernel for whole sequences); and, with
+    ``max_batch_tokens``, at most that many padded prompt tokens per group (prompts × the group's longest; a prompt
+    longer than the cap runs alone)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     for i in order:
         group = groups[-1] if groups else None
-        if group is None or len(group) == batch_size or (
+        if group is None or len(group) == batch_size or 2 * lengths[i] <= lengths[group[0]] or (
                 max_batch_tokens is not None and (len(group) + 1) * lengths[group[0]] > max_batch_tokens):
             groups.append([i])
         else:

@@ -184,8 +184,8 @@ def test_cli_end_to_end_and_replot(tiny_text_run, tmp_path, capsys, monkeypatch)
     assert lengths == [256, 512] and depths == [0, 100] and grid.shape == (2, 2)
     printed = capsys.readouterr()
     assert "mean score" in printed.out
-    # the progress counts prompts: the 3 longest as one batch, then the last one
-    assert "NIAH easy run: 3/4 cell (75%) | " in printed.err and "NIAH easy run: 4/4 cell (100%) | " in printed.err
+    # the progress counts prompts: the two 512-token prompts as one batch, then the two of 256 (half: not joined)
+    assert "NIAH easy run: 2/4 cell (50%) | " in printed.err and "NIAH easy run: 4/4 cell (100%) | " in printed.err
     assert "1/4 cell" not in printed.err
 
 
@@ -254,14 +254,25 @@ def test_bad_batch_size_is_a_clear_error(value, tmp_path, capsys):
 def test_generation_groups_cover_every_prompt_longest_first():
     lengths = [5, 9, 2, 9, 7, 1, 9, 3]
     groups = generation_groups(lengths, batch_size=3)
-    assert groups == [[1, 3, 6], [4, 0, 7], [2, 5]]  # by length, ties in input order
+    # by length, ties in input order; 3 does not join 7 (a group pads a row to less than twice its length)
+    assert groups == [[1, 3, 6], [4, 0], [7, 2], [5]]
     assert generation_groups(lengths, batch_size=1) == [[i] for i in (1, 3, 6, 4, 0, 7, 2, 5)]
-    # at most 20 padded prompt tokens: 9 + 9 (a third 9 would make 27), 9 + 7 (padded to 18), 5 + 3 + 2 + 1 (20)
+    # at most 20 padded prompt tokens: 9 + 9 (a third 9 would make 27), 9 + 7 (padded to 18), 5 + 3 (10)
     capped = generation_groups(lengths, batch_size=8, max_batch_tokens=20)
-    assert capped == [[1, 3], [6, 4], [0, 7, 2, 5]]
+    assert capped == [[1, 3], [6, 4], [0, 7], [2], [5]]
     assert all(len(g) * lengths[g[0]] <= 20 for g in capped)
     assert generation_groups([30, 4], batch_size=8, max_batch_tokens=20) == [[0], [1]]  # too long: alone
     assert generation_groups([], batch_size=8) == []
+
+
+def test_generation_groups_keep_niah_lengths_apart():
+    lengths = [L for L in (1024, 2048, 4096) for _ in range(11)]  # NIAH: 11 depths per length, doubling lengths
+    groups = generation_groups(lengths, batch_size=8)
+    assert [len(g) for g in groups] == [8, 3] * 3
+    assert all(len({lengths[i] for i in g}) == 1 for g in groups)  # no group pads
+    assert sorted(i for g in groups for i in g) == list(range(33))
+    mixed = generation_groups([100, 99, 51, 50, 26], batch_size=8)  # just over half the longest joins
+    assert mixed == [[0, 1, 2], [3, 4]]
 
 
 # PaTH decodes through its own cache (eval.common._greedy_path), not the static path the other variants take
@@ -322,7 +333,7 @@ def test_generate_batched_passes_acp_eviction_on(monkeypatch):
     monkeypatch.setattr(inference, "generate", spy)
     model = tiny(LOCAL, dtype=torch.float32)  # forget gates that decay within a few tokens
     g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (80, 45, 70, 20, 60)]
+    prompts = [torch.randint(1, 97, (n,), generator=g).tolist() for n in (80, 45, 70, 30, 60)]
     got = generate_batched(model, prompts, 40, GenerationOptions(batch_size=3, acp_eviction=True))
     # dropping keys that carry at most acp_eps of any row's attention mass leaves these greedy choices unchanged
     assert got == [greedy_alone(model, p, 40, None) for p in prompts]
