@@ -54,5 +54,5 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
                    help="drop cached keys the forget gates decayed below ACP's threshold (FoX with QK-norm; "
                         "default: the model config's acp_eviction)")
     g.add_argument("--compile-step", action=argparse.BooleanOptionalAction, default=False,
-                   help="torch.compile the decoding step (tens of seconds once per process, ~1 ms less per step; "
-                        "worth it for long generations; default off)")
+                   help="torch.compile the decoding step (tens of seconds once per process for a slightly faster "
+                        "step; worth it for long generations; default off)")

@@ -156,7 +156,7 @@ class GenerationOptions:
     row, the whole prompt for FoX, whose kernel takes the padding as an argument). acp_eviction: ``--acp-eviction``
     (None: the model config's). compile_step: ``--compile-step``, ``generate()``'s ``compile_step`` (default off:
     an evaluation generates a few dozen tokens per prompt, and compiling the decoding step costs tens of seconds
-    once per process to save about a millisecond per step; see docs/generation.md)."""
+    once per process for a slightly faster step; see docs/generation.md)."""
 
     batch_size: int = 8
     max_batch_tokens: int | None = None

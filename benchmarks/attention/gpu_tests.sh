@@ -9,10 +9,10 @@
 # Then the shared-memory bound by which configs are pruned, against this triton's compiler (compile_kernels --smem,
 # no GPU needed), and the benchmark. Exits 1 if any step failed.
 # JOBS=N runs each pass as N pytest processes at once on the same GPU, the N disjoint parts of the tests (the
-# autotuned pass is bound by triton's compilations on the CPU: with JOBS=4 both passes took 7.5 minutes on an H100
-# machine of 16 cores, where one process had not finished a third of the autotuned pass in 10 minutes; tests time
-# nothing, so sharing the GPU changes no result, only which config an autotuning picks). A line every 30 s counts
-# the tests done.
+# autotuned pass is bound by triton's compilations on the CPU: with JOBS=4 both passes took under 9 minutes on an
+# H100 machine of 16 cores, where one process had not finished a third of the autotuned pass in 10 minutes; tests
+# time nothing, so sharing the GPU changes no result, only which config an autotuning picks). A line every 30 s
+# counts the tests done.
 # PASSES (default "autotuned fixed"), SHARD=I/N (the I-th of N disjoint parts of the tests, round robin, e.g.
 # SHARD=1/3, 2/3, 3/3 in three sittings; not with JOBS), PYTEST_K
 # (a pytest -k expression, e.g. PYTEST_K='fused or acp'), SKIP_TESTS=1, SKIP_SMEM=1 and SKIP_BENCH=1 split the run
@@ -47,6 +47,30 @@ if [ -n "${SHARD:-}" ] && [ "${JOBS:-1}" -gt 1 ]; then
   echo "SHARD and JOBS go separately: JOBS=N runs all N parts at once" >&2
   exit 2
 fi
+gpu_pytest() {  # the GPU tests of tests/ops under FOX_AUTOTUNE=$autotune, plus the arguments given
+  FOX_AUTOTUNE=$autotune python3 -m pytest -m gpu tests/ops -q -s ${PYTEST_K:+-k "$PYTEST_K"} --durations=10 \
+    ${PYTEST_ARGS:-} "$@"
+}
+parallel_pass() {  # JOBS=N: the N parts of pass $pass at once, a count of tests done every 30 s, then each part's end
+  echo "== GPU tests, $pass configs (FOX_AUTOTUNE=$autotune), $JOBS processes at once"
+  local pids=() waited=0 done_count i
+  for i in $(seq 1 "$JOBS"); do
+    gpu_pytest --shard "$i/$JOBS" > "$OUTDIR/gpu_tests_${pass}_part$i.log" 2>&1 &
+    pids+=($!)
+  done
+  while kill -0 "${pids[@]}" 2>/dev/null; do  # (true while any part runs)
+    sleep 5
+    waited=$((waited + 5))
+    if [ $((waited % 30)) = 0 ]; then
+      done_count=$(cat "$OUTDIR"/gpu_tests_"$pass"_part*.log | grep -o '^[.sFE]*' | tr -d '\n' | wc -c)
+      echo "  $waited s: $done_count tests done"
+    fi
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || status=1
+    echo "part $((i + 1))/$JOBS: $(tail -n 1 "$OUTDIR/gpu_tests_${pass}_part$((i + 1)).log")"
+  done
+}
 if [ "${SKIP_TESTS:-0}" != "1" ]; then
   for pass in ${PASSES:-autotuned fixed}; do
     case $pass in
@@ -55,31 +79,12 @@ if [ "${SKIP_TESTS:-0}" != "1" ]; then
       *) echo "PASSES: unknown pass '$pass' (autotuned, fixed)" >&2; exit 2 ;;
     esac
     if [ "${JOBS:-1}" -gt 1 ]; then
-      echo "== GPU tests, $pass configs (FOX_AUTOTUNE=$autotune), $JOBS processes at once"
-      pids=()
-      for i in $(seq 1 "$JOBS"); do
-        FOX_AUTOTUNE=$autotune python3 -m pytest -m gpu tests/ops -q -s ${PYTEST_K:+-k "$PYTEST_K"} \
-          --shard "$i/$JOBS" --durations=10 ${PYTEST_ARGS:-} > "$OUTDIR/gpu_tests_${pass}_part$i.log" 2>&1 &
-        pids+=($!)
-      done
-      waited=0
-      while kill -0 "${pids[@]}" 2>/dev/null; do  # (true while any part runs)
-        sleep 5
-        waited=$((waited + 5))
-        if [ $((waited % 30)) = 0 ]; then
-          echo "  $waited s: $(cat "$OUTDIR"/gpu_tests_"$pass"_part*.log | grep -o '^[.sFE]*' | tr -d '\n' | wc -c) tests done"
-        fi
-      done
-      for i in "${!pids[@]}"; do
-        wait "${pids[$i]}" || status=1
-        echo "part $((i + 1))/$JOBS: $(tail -n 1 "$OUTDIR/gpu_tests_${pass}_part$((i + 1)).log")"
-      done
+      parallel_pass
       continue
     fi
     echo "== GPU tests, $pass configs (FOX_AUTOTUNE=$autotune)${SHARD:+, part $SHARD}"
-    FOX_AUTOTUNE=$autotune python3 -m pytest -m gpu tests/ops -q -s ${PYTEST_K:+-k "$PYTEST_K"} \
-      ${SHARD:+--shard "$SHARD"} --durations=10 ${PYTEST_ARGS:-} 2>&1 \
-      | tee "$OUTDIR/gpu_tests_$pass${SHARD:+_part${SHARD%/*}}.log" || status=1
+    gpu_pytest ${SHARD:+--shard "$SHARD"} 2>&1 | tee "$OUTDIR/gpu_tests_$pass${SHARD:+_part${SHARD%/*}}.log" \
+      || status=1
   done
 fi
 if [ "${SKIP_SMEM:-0}" != "1" ]; then
