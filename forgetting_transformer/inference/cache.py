@@ -228,7 +228,8 @@ class PagedKVCache:
         """Kept keys and memory now: ``kept`` (L, B, H) positions each (layer, sequence, head) attends to;
         ``tokens`` (B,) real positions per sequence; ``kept_fraction`` (L, H) kept / real tokens summed over the
         batch; ``blocks_in_use`` / ``pool_blocks`` / ``full_blocks`` (the pools without eviction); and bytes
-        (keys, values and cumulative gates) of the blocks in use and of the pools. Syncs."""
+        (keys, values and cumulative gates) of the blocks in use and of the pools; ``reallocations`` of the pools
+        (growths and compactions). Syncs."""
         kept = (self.lengths[None, :, None] - self.key_start).clamp(min=0)
         tokens = self.lengths - self.seq_start
         per_block = self.block_size * self.head_dim * self.k_pool.element_size() * 2
@@ -240,6 +241,7 @@ class PagedKVCache:
             "kept_fraction": (kept.sum(1).double() / tokens.sum().clamp(min=1)).cpu(),
             "blocks_in_use": in_use, "pool_blocks": self.pool_blocks, "full_blocks": self.full_blocks,
             "bytes_in_use": in_use * per_block, "pool_bytes": self.pool_blocks * per_block,
+            "reallocations": self.version,
         }
 
 

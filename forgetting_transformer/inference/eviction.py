@@ -65,25 +65,27 @@ def sequence_thresholds(model, real_lengths: torch.Tensor, eps: float = DEFAULT_
     return torch.stack([thresholds(model, int(n), eps, threshold) for n in real_lengths.tolist()], dim=1)
 
 
-def advance(cache, layer: int, delta: torch.Tensor) -> None:
-    """Move ``cache.key_start[layer]`` (B, H) past every key with ``c_last - c_j < delta`` ((H,) or per
-    sequence (B, H)), where c_last is the newest token's cumulative gate. Exact: whole blocks are tested at their last key, then the block
-    holding the boundary key by key (c is non-increasing, so the dropped keys are a prefix). No sync."""
+def advance(cache, deltas: torch.Tensor) -> None:
+    """Move ``cache.key_start`` (L, B, H) past every key with ``c_last - c_j < delta``, ``deltas`` (L, H) or per
+    sequence (L, B, H), where c_last is the newest token's cumulative gate. Exact: whole blocks are tested at their
+    last key, then the block holding the boundary key by key (c is non-increasing, so the dropped keys are a
+    prefix). Every layer in one pass (a launch per operation, not per layer and operation: the decoding loop
+    runs this between CUDA graph replays, on the host's clock). No sync."""
     L, BS, G = cache.length, cache.block_size, cache.group
-    delta = (delta if delta.dim() == 2 else delta[None])[..., None]  # (B | 1, H, 1)
+    delta = (deltas if deltas.dim() == 3 else deltas[:, None])[..., None]  # (L, B | 1, H, 1)
     nb = -(-L // BS)
-    c_now = cache.c_last[layer][..., None]  # (B, H, 1)
-    start = cache.key_start[layer]  # (B, H)
-    table = cache.tables[layer, :, :, :nb].long().repeat_interleave(G, dim=1)  # (B, H, nb)
-    g = (torch.arange(cache.n_heads, device=start.device) % G)[None, :, None]
+    c_now = cache.c_last[..., None]  # (L, B, H, 1)
+    start = cache.key_start  # (L, B, H)
+    table = cache.tables[..., :nb].long().repeat_interleave(G, dim=2)  # (L, B, H, nb)
+    g = (torch.arange(cache.n_heads, device=start.device) % G)[:, None]  # (H, 1)
     i = torch.arange(nb, device=start.device)
     ends = torch.clamp(i * BS + BS - 1, max=L - 1)
-    c_end = cache.c_pool[table.clamp(min=0), g, (ends % BS)[None, None, :]]  # (B, H, nb)
+    c_end = cache.c_pool[table.clamp(min=0), g, ends % BS]  # (L, B, H, nb)
     # blocks wholly before the first kept key (released ones, left padding) count as dropped without a look
-    dropped = ((i * BS + BS - 1)[None, None, :] < start[..., None]) | (c_now - c_end < delta)
-    blk = dropped.sum(-1, keepdim=True).clamp(max=nb - 1)  # (B, H, 1) the block holding the boundary
-    pos = blk * BS + torch.arange(BS, device=start.device)  # (B, H, BS)
-    c_blk = cache.c_pool[table.gather(2, blk).clamp(min=0), g, pos % BS]
+    dropped = ((i * BS + BS - 1) < start[..., None]) | (c_now - c_end < delta)
+    blk = dropped.sum(-1, keepdim=True).clamp(max=nb - 1)  # (L, B, H, 1) the block holding the boundary
+    pos = blk * BS + torch.arange(BS, device=start.device)  # (L, B, H, BS)
+    c_blk = cache.c_pool[table.gather(3, blk).clamp(min=0), g, pos % BS]
     dropped = (pos < start[..., None]) | ((c_now - c_blk < delta) & (pos < L))
     torch.maximum(start, blk[..., 0] * BS + dropped.sum(-1), out=start)
 
@@ -91,6 +93,5 @@ def advance(cache, layer: int, delta: torch.Tensor) -> None:
 def evict(cache, deltas: torch.Tensor) -> None:
     """``advance`` every layer (``deltas`` (L, H) or (L, B, H)), then release the blocks no query head of a row
     can see."""
-    for layer in range(cache.n_layers):
-        advance(cache, layer, deltas[layer])
+    advance(cache, deltas)
     cache.release()

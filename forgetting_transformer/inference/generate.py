@@ -329,17 +329,20 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, do_s
     if dtype is None:
         dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
                  else lm.embed.weight.dtype)
-    pool = _first_pool(lm, B, P, block_size, prefill_chunk) if eviction else None  # None: never grows
+    pool = _first_pool(lm, B, P, max_new_tokens, block_size, prefill_chunk) if eviction else None  # None: all
     cache = PagedKVCache.for_model(lm, B, max_len, block_size=block_size, dtype=dtype, pool_blocks=pool)
     compile_step = device.type == "cuda" if compile_step is None else bool(compile_step)
     dec = Decoder(lm, cache, sampler, eos, pad, max_new_tokens, output_logits, deltas, compile_step)
     return dec.generate(ids, seq_start, prefill_chunk, cuda_graph)
 
 
-def _first_pool(model, batch_size, prompt_len, block_size, chunk) -> int:
-    """Blocks for the first prefill forward and one more block per row: with eviction the pools start there
-    and grow only as far as the kept keys need."""
+def _first_pool(model, batch_size, prompt_len, new_tokens, block_size, chunk) -> int:
+    """Blocks for the first prefill forward, the new tokens and one more block per row: with eviction the pools
+    start there and grow only as far as the kept keys of a longer (chunked) prompt need. Room for the new tokens
+    up front means that a prompt whose gates drop nothing decodes without a growth, which would reallocate the
+    pools and re-capture the step's CUDA graph (the compaction after the prefill gives the room back when
+    eviction has freed half the pools)."""
     from ..models.decoder import resolve_heads
 
     rows = model.cfg.n_layers * batch_size * resolve_heads(model.cfg)[2]
-    return rows * (cdiv(min(prompt_len, chunk or prompt_len), block_size) + 1)
+    return rows * (cdiv(min(prompt_len, chunk or prompt_len), block_size) + cdiv(new_tokens, block_size) + 1)

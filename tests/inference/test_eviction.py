@@ -25,6 +25,43 @@ def first_kept(c, seq_start, old, delta):
     return j
 
 
+def test_advance_moves_every_layer_by_its_own_gates_and_thresholds():
+    """One pass over all layers (what the decoding loop runs) equals the definition layer by layer, with
+    per-layer, per-sequence thresholds (L, B, H) and with per-layer ones (L, H)."""
+    torch.manual_seed(1)
+    NL, B, H, Hkv, D, BS = 3, 2, 4, 2, 8, 16
+    for per_sequence in (True, False):
+        cache = PagedKVCache(n_layers=NL, batch_size=B, max_len=160, n_heads=H, n_kv_heads=Hkv, head_dim=D,
+                             gated=True, kv_shift=False, dtype=torch.float64, device="cpu", block_size=BS)
+        seq_start = torch.tensor([3, 0])
+        cache.begin(seq_start)
+        lf = F.logsigmoid(torch.randn(NL, B, 120, H) * 2 + torch.linspace(-3, 4, NL * H).view(NL, 1, 1, H))
+        lf = lf.double()
+        lf[:, 0, :3] = 0.0
+        c = torch.cumsum(lf, dim=2)
+        deltas = -torch.rand(NL, B, H, dtype=torch.float64) * 8 - 1
+        if not per_sequence:
+            deltas = deltas[:, 0]
+        want = seq_start[None, :, None].expand(NL, B, H).clone()
+        T = 0
+        for n in (40, 1, 33, 46):
+            cache.reserve(n)
+            for layer in range(NL):
+                kv = torch.randn(B, n, Hkv, D, dtype=torch.float64)
+                cache.write(layer, kv, kv, lf[layer, :, T:T + n], None)
+            cache.advance(n)
+            T += n
+            evict(cache, deltas)
+            for layer in range(NL):
+                for b in range(B):
+                    for h in range(H):
+                        d = deltas[layer, b, h] if per_sequence else deltas[layer, h]
+                        want[layer, b, h] = first_kept(c[layer, b, :T, h], int(seq_start[b]),
+                                                       int(want[layer, b, h]), float(d))
+            assert torch.equal(cache.key_start, want), (per_sequence, T)
+        assert (want[-1] < T // 2).any() and (want[0] > T // 2).any()  # slow and fast heads both present
+
+
 def test_advance_and_release_follow_the_definition_and_compaction_keeps_every_kept_key():
     torch.manual_seed(0)
     B, H, Hkv, D, BS = 2, 4, 2, 16, 16
@@ -165,14 +202,15 @@ def test_eviction_keeps_the_greedy_tokens_and_frees_the_blocks_of_local_heads(pr
     assert s["pool_blocks"] < 0.6 * full.stats["pool_blocks"]  # the memory itself shrank, not just the tables
 
 
-def test_eviction_of_slow_heads_drops_nothing_and_the_pools_grow_as_needed(prompts):
+def test_eviction_of_slow_heads_drops_nothing_and_the_pools_hold_every_block(prompts):
     model = tiny(dict(fgate="fixed", fgate_init=[500, 1000], **PRO))
     full = generate(model, prompts, max_new_tokens=40, block_size=16)
     kept = generate(model, prompts, max_new_tokens=40, block_size=16, acp_eviction=True)
     assert torch.equal(kept.sequences, full.sequences)
     assert torch.equal(kept.stats["kept"], kept.stats["tokens"][None, :, None].expand(2, 3, 4))
-    # the pools started at the prefill's blocks and grew to every block the sequences use
+    # the pools started with room for the prompt and the new tokens: every block the sequences use, no growth
     assert kept.stats["blocks_in_use"] == full.stats["blocks_in_use"] <= kept.stats["pool_blocks"]
+    assert kept.stats["reallocations"] == 0
 
 
 @pytest.mark.parametrize("chunk", [16, 7])
