@@ -20,8 +20,12 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eval.cli import add_generation_args
+
+if TYPE_CHECKING:  # (eval.common imports torch: loaded when a run starts)
+    from eval.common import GenerationOptions
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 
