@@ -337,12 +337,14 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, do_s
 
 
 def _first_pool(model, batch_size, prompt_len, new_tokens, block_size, chunk) -> int:
-    """Blocks for the first prefill forward, the new tokens and one more block per row: with eviction the pools
-    start there and grow only as far as the kept keys of a longer (chunked) prompt need. Room for the new tokens
-    up front means that a prompt whose gates drop nothing decodes without a growth, which would reallocate the
-    pools and re-capture the step's CUDA graph (the compaction after the prefill gives the room back when
-    eviction has freed half the pools)."""
+    """Blocks for the first prefill forward, for the new tokens up to as many again, and one more block per row:
+    with eviction the pools start there and grow only as far as the kept keys need. The room for new tokens
+    means that a prompt whose gates drop nothing decodes as many tokens as it has without a growth, which would
+    reallocate the pools and re-capture the step's CUDA graph; capped at the prefill's blocks, so that a long
+    generation from a short prompt does not allocate the full cache that eviction exists to avoid (the
+    compaction after the prefill gives the room back when eviction has freed half the pools)."""
     from ..models.decoder import resolve_heads
 
     rows = model.cfg.n_layers * batch_size * resolve_heads(model.cfg)[2]
-    return rows * (cdiv(min(prompt_len, chunk or prompt_len), block_size) + cdiv(new_tokens, block_size) + 1)
+    prefill = cdiv(min(prompt_len, chunk or prompt_len), block_size)
+    return rows * (prefill + min(cdiv(new_tokens, block_size), prefill) + 1)

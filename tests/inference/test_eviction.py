@@ -202,15 +202,19 @@ def test_eviction_keeps_the_greedy_tokens_and_frees_the_blocks_of_local_heads(pr
     assert s["pool_blocks"] < 0.6 * full.stats["pool_blocks"]  # the memory itself shrank, not just the tables
 
 
-def test_eviction_of_slow_heads_drops_nothing_and_the_pools_hold_every_block(prompts):
+def test_eviction_of_slow_heads_drops_nothing_and_the_pools_grow_only_past_the_prompt(prompts):
     model = tiny(dict(fgate="fixed", fgate_init=[500, 1000], **PRO))
-    full = generate(model, prompts, max_new_tokens=40, block_size=16)
-    kept = generate(model, prompts, max_new_tokens=40, block_size=16, acp_eviction=True)
-    assert torch.equal(kept.sequences, full.sequences)
-    assert torch.equal(kept.stats["kept"], kept.stats["tokens"][None, :, None].expand(2, 3, 4))
-    # the pools started with room for the prompt and the new tokens: every block the sequences use, no growth
-    assert kept.stats["blocks_in_use"] == full.stats["blocks_in_use"] <= kept.stats["pool_blocks"]
-    assert kept.stats["reallocations"] == 0
+    g = torch.Generator().manual_seed(2)
+    long_prompts = [torch.randint(1, 97, (n,), generator=g) for n in (64, 50)]
+    # 60 new tokens: more than the short prompts' one block holds again, fewer than the long prompts' four blocks
+    for batch, grows in ((prompts, True), (long_prompts, False)):
+        full = generate(model, batch, max_new_tokens=60, block_size=16)
+        kept = generate(model, batch, max_new_tokens=60, block_size=16, acp_eviction=True)
+        assert torch.equal(kept.sequences, full.sequences)
+        assert torch.equal(kept.stats["kept"], kept.stats["tokens"][None, :, None].expand(2, len(batch), 4))
+        assert kept.stats["blocks_in_use"] == full.stats["blocks_in_use"] <= kept.stats["pool_blocks"]
+        # the pools start with room for the prompt and as many tokens again: a reallocation only past that
+        assert (kept.stats["reallocations"] > 0) == grows
 
 
 @pytest.mark.parametrize("chunk", [16, 7])
