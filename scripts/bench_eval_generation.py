@@ -5,6 +5,7 @@
     python scripts/bench_eval_generation.py --lengths 1k,2k,4k,8k,16k,32k --depths 11 --batch-size 8 \\
         --out docs/eval_generation_bench.md
     python scripts/bench_eval_generation.py --checkpoint RUN_DIR              # a trained model
+    python scripts/bench_eval_generation.py --lengths 1k,15500 --random-lengths 64   # LongBench-like lengths
 
 ``one at a time``: each prompt alone through transformers' ``generate()`` of ``FoXForCausalLM`` with its dynamic
 cache (``FoXCache``, eager), as the runners decoded before they batched. ``batched``:
@@ -12,7 +13,9 @@ cache (``FoXCache``, eager), as the runners decoded before they batched. ``batch
 ``forgetting_transformer.inference.generate`` (paged static cache, decode kernel, CUDA graphs; the step compiled
 with ``--compile-step``), as ``eval.niah.run`` and ``eval.longbench.run`` decode now. Prompts: one per (length,
 depth) cell of a NIAH grid, of exactly that many random token ids (the time depends on the lengths, not on the
-text; seed 0).
+text; seed 0); with ``--random-lengths N``, N prompts of lengths drawn uniformly between the smallest and the
+largest of ``--lengths`` instead, as LongBench's prompts spread over a range (its runner truncates them to
+``--max-length``), so that groups mix lengths and left-pad.
 
 The paths alternate over ``--passes`` passes (default 2), one at a time first. Pass 1 is what a fresh evaluation
 process pays: the Triton autotuning of each new shape class (the one-at-a-time path, first, pays the prefill
@@ -100,6 +103,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--lengths", type=parse_lengths, default=parse_lengths("1k,2k,4k,8k"),
                    help="prompt lengths, comma-separated, 'k' = 1024 (default 1k,2k,4k,8k)")
     p.add_argument("--depths", type=int, default=11, help="prompts per length (NIAH's depths; default 11)")
+    p.add_argument("--random-lengths", type=int, default=None, metavar="N",
+                   help="instead of the grid: N prompts of lengths uniform between the smallest and largest "
+                   "--lengths (LongBench-like)")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call of the batched path")
     p.add_argument("--passes", type=int, default=2, help="timed passes of each path (default 2: cold, warm)")
@@ -112,6 +118,9 @@ def main(argv=None) -> list[dict]:
     a = p.parse_args(argv)
     if min(a.depths, a.max_new_tokens, a.batch_size, a.passes) < 1 or min(a.lengths) < 2:
         p.error("--depths, --max-new-tokens, --batch-size and --passes must be >= 1, and every length >= 2")
+    if a.random_lengths is not None and (a.random_lengths < 1 or len(set(a.lengths)) < 2):
+        p.error(f"--random-lengths {a.random_lengths}: needs N >= 1 and two different --lengths (the range); "
+                f"got --lengths {','.join(map(str, a.lengths))}")
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
         options = GenerationOptions(batch_size=a.batch_size, dtype=a.dtype, compile_step=a.compile_step)
@@ -121,7 +130,11 @@ def main(argv=None) -> list[dict]:
     model = model.to(device=device, dtype=options.torch_dtype(device)).eval()
     gen = torch.Generator().manual_seed(0)
     V = model.config.vocab_size
-    prompts = [torch.randint(1, V, (L,), generator=gen).tolist() for L in a.lengths for _ in range(a.depths)]
+    if a.random_lengths is None:
+        lengths = [L for L in a.lengths for _ in range(a.depths)]
+    else:
+        lengths = torch.randint(min(a.lengths), max(a.lengths) + 1, (a.random_lengths,), generator=gen).tolist()
+    prompts = [torch.randint(1, V, (L,), generator=gen).tolist() for L in lengths]
     paths = {"one at a time": lambda bar: one_at_a_time(model, prompts, a.max_new_tokens, bar.update),
              f"batched ({a.batch_size})": lambda bar: batched(model, prompts, a.max_new_tokens, options, bar.update)}
     rows, ref = [], None

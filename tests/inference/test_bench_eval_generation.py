@@ -32,6 +32,17 @@ def test_bench_times_both_paths_on_the_same_prompts_and_writes_the_table(tmp_pat
     assert text.count("| one at a time | 1 |") == 1 and text.count("| batched (4) | 2 |") == 1
 
 
+def test_bench_draws_longbench_like_lengths_in_the_range(capsys):
+    argv = ["--model", "fox_pro", "--size", "tiny", "--override", "model.n_layers=1", "model.d_model=64",
+            "model.head_dim=32", "--lengths", "9,40", "--random-lengths", "5", "--max-new-tokens", "4",
+            "--batch-size", "2", "--passes", "1", "--device", "cpu"]
+    rows = main(argv)
+    assert [r["prompts"] for r in rows] == [5, 5] and rows[1]["same tokens"] == "5/5"
+    n_tok = rows[0]["prompt tokens"]
+    assert 5 * 9 <= n_tok <= 5 * 40 and n_tok not in (5 * 9, 5 * 40)  # drawn in the range, not at its ends
+    assert main(argv)[0]["prompt tokens"] == n_tok  # seeded: the same prompts every run
+
+
 def test_bench_rejects_bad_sizes(capsys):
     import pytest
 
@@ -44,3 +55,7 @@ def test_bench_rejects_bad_sizes(capsys):
     with pytest.raises(SystemExit):
         main(["--size", "tiny", "--dtype", "fp8", "--device", "cpu"])
     assert "dtype (--dtype) must be auto or one of" in capsys.readouterr().err
+    for bad in (["--random-lengths", "0"], ["--random-lengths", "4", "--lengths", "8,8"]):
+        with pytest.raises(SystemExit):
+            main(["--size", "tiny", "--device", "cpu", *bad])
+        assert "--random-lengths" in capsys.readouterr().err
