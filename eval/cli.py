@@ -56,3 +56,7 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--compile-step", action=argparse.BooleanOptionalAction, default=False,
                    help="torch.compile the decoding step (tens of seconds once per process for a slightly faster "
                         "step; worth it for long generations; default off)")
+    g.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=False,
+                   help="autotune the attention kernel in the prefill (tens of seconds per process for each new "
+                        "shape of left-padded prompts, for a prefill a few percent faster; default off: the "
+                        "kernel's fixed configs)")

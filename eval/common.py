@@ -156,7 +156,10 @@ class GenerationOptions:
     row, the whole prompt for FoX, whose kernel takes the padding as an argument). acp_eviction: ``--acp-eviction``
     (None: the model config's). compile_step: ``--compile-step``, ``generate()``'s ``compile_step`` (default off:
     an evaluation generates a few dozen tokens per prompt, and compiling the decoding step costs tens of seconds
-    once per process for a slightly faster step; see docs/generation.md)."""
+    once per process for a slightly faster step; see docs/generation.md). autotune: ``--autotune``, the attention
+    kernel's autotuning in the prefill (``ops.use_options(autotune=...)``; default off: a left-padded group's
+    prefill runs the Triton forward, whose autotuning compiles its configs for each new shape class, tens of
+    seconds per process, for a prefill a few percent faster; docs/generation.md)."""
 
     batch_size: int = 8
     max_batch_tokens: int | None = None
@@ -164,6 +167,7 @@ class GenerationOptions:
     prefill_chunk: int | None = None
     acp_eviction: bool | None = None
     compile_step: bool = False
+    autotune: bool = False
 
     def __post_init__(self):
         for name in ("batch_size", "max_batch_tokens", "prefill_chunk"):
@@ -173,14 +177,17 @@ class GenerationOptions:
                 raise ValueError(f"{name} (--{name.replace('_', '-')}) must be an integer >= 1; got {value!r}")
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype (--dtype) must be auto or one of {sorted(DTYPES)}; got {self.dtype!r}")
-        if not isinstance(self.compile_step, bool):
-            raise ValueError(f"compile_step (--compile-step) must be True or False; got {self.compile_step!r}")
+        for name in ("compile_step", "autotune"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} (--{name.replace('_', '-')}) must be True or False; "
+                                 f"got {getattr(self, name)!r}")
 
     @classmethod
     def from_args(cls, args) -> "GenerationOptions":
         """From the namespace of a parser that ``eval.cli.add_generation_args`` extended."""
         return cls(batch_size=args.batch_size, max_batch_tokens=args.max_batch_tokens, dtype=args.dtype,
-                   prefill_chunk=args.prefill_chunk, acp_eviction=args.acp_eviction, compile_step=args.compile_step)
+                   prefill_chunk=args.prefill_chunk, acp_eviction=args.acp_eviction, compile_step=args.compile_step,
+                   autotune=args.autotune)
 
     def torch_dtype(self, device) -> torch.dtype:
         if self.dtype == "auto":
@@ -278,6 +285,7 @@ def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, optio
     group through its own cache (``_greedy_path``)."""
     from forgetting_transformer.inference import generate
     from forgetting_transformer.models.decoder import is_path
+    from forgetting_transformer.ops import use_options
 
     lm = _decoder(model)
     eos = set(eos_token_id or ())
@@ -287,9 +295,11 @@ def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, optio
         if is_path(lm.cfg):
             rows = _greedy_path(lm, [prompts[i] for i in group], max_new_tokens, eos)
         else:
-            out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens, do_sample=False,
-                           eos_token_id=eos_token_id, pad_token_id=pad_token_id, acp_eviction=options.acp_eviction,
-                           prefill_chunk=chunk, compile_step=options.compile_step)
+            with use_options(autotune=options.autotune):
+                out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens,
+                               do_sample=False, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                               acp_eviction=options.acp_eviction, prefill_chunk=chunk,
+                               compile_step=options.compile_step)
             rows = out.sequences[:, max(len(prompts[i]) for i in group):].tolist()
         for i, row in zip(group, rows):
             answers[i] = until_eos(row, eos)

@@ -21,7 +21,8 @@ The paths alternate over ``--passes`` passes (default 2), one at a time first. P
 process pays: the Triton autotuning of each new shape class (the one-at-a-time path, first, pays the prefill
 kernel's for unpadded prompts; the batched path those of padded ones), CUDA graph captures, and with
 ``--compile-step`` the compilation of the decoding step (once per process, once more for a batch of one). Later
-passes are warm. ``speedup``: the one-at-a-time wall time of the same pass over the row's. ``same tokens`` counts
+passes are warm. The one-at-a-time path runs the kernel's defaults (autotuned), the batched path the runners'
+(fixed configs in the prefill unless ``--autotune``). ``speedup``: the one-at-a-time wall time of the same pass over the row's. ``same tokens`` counts
 prompts whose continuations agree token for token with the first one-at-a-time pass (in bf16, a near-tie of
 random weights' flat distributions may go either way between a batch and a single row; ``--dtype float32`` tells
 whether that is all). The table is printed; ``--out`` also writes it with the command, device and versions.
@@ -113,6 +114,9 @@ def main(argv=None) -> list[dict]:
                    "elsewhere), float32 or bfloat16")
     p.add_argument("--compile-step", action=argparse.BooleanOptionalAction, default=False,
                    help="the batched path compiles its decoding step (the runners' --compile-step; default off)")
+    p.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=False,
+                   help="the batched path autotunes the attention kernel in the prefill (the runners' --autotune; "
+                   "default off)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--out", type=Path, help="also write the table (with command and device) to this file")
     a = p.parse_args(argv)
@@ -123,7 +127,8 @@ def main(argv=None) -> list[dict]:
                 f"got --lengths {','.join(map(str, a.lengths))}")
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     try:
-        options = GenerationOptions(batch_size=a.batch_size, dtype=a.dtype, compile_step=a.compile_step)
+        options = GenerationOptions(batch_size=a.batch_size, dtype=a.dtype, compile_step=a.compile_step,
+                                    autotune=a.autotune)
     except ValueError as e:
         p.error(str(e))
     model, label = load(a)

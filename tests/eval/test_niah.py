@@ -340,29 +340,36 @@ def test_generate_batched_passes_acp_eviction_on(monkeypatch):
     assert len(stats) == 2 and all(s["acp_eviction"] and (s["kept_fraction"] < 1).all() for s in stats)  # dropped
 
 
-@pytest.mark.parametrize("argv, want", [([], False), (["--compile-step"], True), (["--no-compile-step"], False)])
-def test_compile_step_flag_reaches_generate(monkeypatch, argv, want):
+@pytest.mark.parametrize("argv, want", [([], (False, False)), (["--compile-step"], (True, False)),
+                                        (["--autotune"], (False, True)),
+                                        (["--no-compile-step", "--no-autotune"], (False, False))])
+def test_compile_step_and_autotune_flags_reach_generate(monkeypatch, argv, want):
     import argparse
 
     import forgetting_transformer.inference as inference
     from eval.cli import add_generation_args
+    from forgetting_transformer.ops import default_options
 
     parser = argparse.ArgumentParser()
     add_generation_args(parser)
     options = GenerationOptions.from_args(parser.parse_args(argv))
     seen = []
 
-    def spy(*args, **kwargs):  # records the argument; compiling is not what this test is about
-        seen.append(kwargs["compile_step"])
+    def spy(*args, **kwargs):  # records what the call sees; compiling is not what this test is about
+        seen.append((kwargs["compile_step"], default_options().autotune))
         return generate(*args, **{**kwargs, "compile_step": False})
 
     generate = inference.generate
     monkeypatch.setattr(inference, "generate", spy)
+    before = default_options()
     prompts = [[5, 6, 7], [8, 9]]
     got = generate_batched(tiny_lm("fox_pro"), prompts, 3, options)
     assert seen == [want] and len(got) == 2 and all(len(g) == 3 for g in got)
+    assert default_options() is before  # the prefill's options end with the call
     with pytest.raises(ValueError, match="--compile-step"):
         GenerationOptions(compile_step="yes")
+    with pytest.raises(ValueError, match="--autotune"):
+        GenerationOptions(autotune=1)
 
 
 def test_options_dtype_chunk_and_eviction_checks():
