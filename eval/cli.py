@@ -58,5 +58,5 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
                         "step; worth it for long generations; default off)")
     g.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=False,
                    help="autotune the attention kernel in the prefill (tens of seconds per process for each new "
-                        "shape of left-padded prompts, for a prefill a few percent faster; default off: the "
+                        "shape of left-padded prompts, measured no faster afterwards; default off: the "
                         "kernel's fixed configs)")

@@ -159,7 +159,7 @@ class GenerationOptions:
     once per process for a slightly faster step; see docs/generation.md). autotune: ``--autotune``, the attention
     kernel's autotuning in the prefill (``ops.use_options(autotune=...)``; default off: a left-padded group's
     prefill runs the Triton forward, whose autotuning compiles its configs for each new shape class, tens of
-    seconds per process, for a prefill a few percent faster; docs/generation.md)."""
+    seconds per process, and measured no faster afterwards; docs/generation.md)."""
 
     batch_size: int = 8
     max_batch_tokens: int | None = None
