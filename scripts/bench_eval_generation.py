@@ -21,11 +21,12 @@ The paths alternate over ``--passes`` passes (default 2), one at a time first. P
 process pays: the Triton autotuning of each new shape class (the one-at-a-time path, first, pays the prefill
 kernel's for unpadded prompts; the batched path those of padded ones), CUDA graph captures, and with
 ``--compile-step`` the compilation of the decoding step (once per process, once more for a batch of one). Later
-passes are warm. The one-at-a-time path runs the kernel's defaults (autotuned), the batched path the runners'
-(fixed configs in the prefill unless ``--autotune``). ``speedup``: the one-at-a-time wall time of the same pass over the row's. ``same tokens`` counts
-prompts whose continuations agree token for token with the first one-at-a-time pass (in bf16, a near-tie of
-random weights' flat distributions may go either way between a batch and a single row; ``--dtype float32`` tells
-whether that is all). The table is printed; ``--out`` also writes it with the command, device and versions.
+passes are warm. The batched path takes the runners' generation flags (``eval.cli.add_generation_args``: fixed
+configs in the prefill unless ``--autotune``, ...); the one-at-a-time path runs the kernel's defaults (autotuned).
+``speedup``: the one-at-a-time wall time of the same pass over the row's. ``same tokens`` counts prompts whose
+continuations agree token for token with the first one-at-a-time pass (in bf16, a near-tie of random weights'
+flat distributions may go either way between a batch and a single row; ``--dtype float32`` tells whether that is
+all). The table is printed; ``--out`` also writes it with the command, device and versions.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench_generate import compose_config, table, write  # noqa: E402
-from eval.common import GenerationOptions, eos_and_pad, generate_batched, to_hf, until_eos  # noqa: E402
+from eval.cli import add_generation_args  # noqa: E402
+from eval.common import (  # noqa: E402
+    GenerationOptions, eos_and_pad, generate_batched, prepare_for_generation, to_hf, until_eos)
 from eval.niah.run import parse_lengths  # noqa: E402
 from forgetting_transformer.training.progress import Progress  # noqa: E402
 
@@ -108,31 +111,23 @@ def main(argv=None) -> list[dict]:
                    help="instead of the grid: N prompts of lengths uniform between the smallest and largest "
                    "--lengths (LongBench-like)")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call of the batched path")
     p.add_argument("--passes", type=int, default=2, help="timed passes of each path (default 2: cold, warm)")
-    p.add_argument("--dtype", default="auto", help="the weights' dtype: auto (bfloat16 on CUDA, float32 "
-                   "elsewhere), float32 or bfloat16")
-    p.add_argument("--compile-step", action=argparse.BooleanOptionalAction, default=False,
-                   help="the batched path compiles its decoding step (the runners' --compile-step; default off)")
-    p.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=False,
-                   help="the batched path autotunes the attention kernel in the prefill (the runners' --autotune; "
-                   "default off)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--out", type=Path, help="also write the table (with command and device) to this file")
+    add_generation_args(p)  # the batched path's (--batch-size, --dtype, --autotune, ...), as the runners take them
     a = p.parse_args(argv)
-    if min(a.depths, a.max_new_tokens, a.batch_size, a.passes) < 1 or min(a.lengths) < 2:
-        p.error("--depths, --max-new-tokens, --batch-size and --passes must be >= 1, and every length >= 2")
+    if min(a.depths, a.max_new_tokens, a.passes) < 1 or min(a.lengths) < 2:
+        p.error("--depths, --max-new-tokens and --passes must be >= 1, and every length >= 2")
     if a.random_lengths is not None and (a.random_lengths < 1 or len(set(a.lengths)) < 2):
         p.error(f"--random-lengths {a.random_lengths}: needs N >= 1 and two different --lengths (the range); "
                 f"got --lengths {','.join(map(str, a.lengths))}")
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    options = GenerationOptions.from_args(a)
+    model, label = load(a)
     try:
-        options = GenerationOptions(batch_size=a.batch_size, dtype=a.dtype, compile_step=a.compile_step,
-                                    autotune=a.autotune)
+        model = prepare_for_generation(model.to(device), options, device).eval()  # (checks --acp-eviction)
     except ValueError as e:
         p.error(str(e))
-    model, label = load(a)
-    model = model.to(device=device, dtype=options.torch_dtype(device)).eval()
     gen = torch.Generator().manual_seed(0)
     V = model.config.vocab_size
     if a.random_lengths is None:

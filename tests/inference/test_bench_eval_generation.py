@@ -48,13 +48,19 @@ def test_bench_rejects_bad_sizes(capsys):
 
     with pytest.raises(SystemExit):
         main(["--size", "tiny", "--depths", "0", "--device", "cpu"])
-    assert "--depths, --max-new-tokens, --batch-size and --passes must be >= 1" in capsys.readouterr().err
+    assert "--depths, --max-new-tokens and --passes must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--size", "tiny", "--batch-size", "0", "--device", "cpu"])
+    assert "argument --batch-size: must be an integer >= 1; got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--size", "tiny", "--passes", "0", "--device", "cpu"])
     assert "--passes must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--size", "tiny", "--dtype", "fp8", "--device", "cpu"])
-    assert "dtype (--dtype) must be auto or one of" in capsys.readouterr().err
+    assert "argument --dtype: invalid choice: 'fp8'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "transformer_pro", "--size", "tiny", "--acp-eviction", "--device", "cpu"])
+    assert "--acp-eviction needs a forget gate" in capsys.readouterr().err
     for bad in (["--random-lengths", "0"], ["--random-lengths", "4", "--lengths", "8,8"]):
         with pytest.raises(SystemExit):
             main(["--size", "tiny", "--device", "cpu", *bad])
