@@ -6,6 +6,7 @@
     python -m benchmarks.attention.breakdown spread N   [--shapes S2,S3]
     python -m benchmarks.attention.breakdown boundaries [--shapes S1,S2,S3,S4]
     python -m benchmarks.attention.breakdown host       [--functions N]
+    python -m benchmarks.attention.breakdown stalls     [--shapes S1] [--calls 20]
     python -m benchmarks.attention.breakdown backward   [--shapes S1,S2] [--rounds 3]
     python -m benchmarks.attention.breakdown ncu --kernel fwd|fused|dq|dkdv --shape S1 [--acp [--heads H]]
     python -m benchmarks.attention.breakdown ncu --csv EXPORT.csv
@@ -19,7 +20,9 @@ runs, and whether it follows the addresses or how long the GPU has been busy). b
 CUDA-graph time, and inside one graph replay the kernels' count, the sum of their times, their span and the gaps
 between them. host: host microseconds per eager call (backward on autograd's device thread and on the calling
 thread), then per host-side stage and kernel launch (``launchers.host_stages``), and with --functions N the N
-Python functions with the most own time in S1's ACP fwd+bwd (cProfile). backward: ACP's fwd+bwd with
+Python functions with the most own time in S1's ACP fwd+bwd (cProfile). stalls: eager fwd+bwd calls as
+``bench`` times them (L2 flushed before each), profiled: per kernel of a call, how long the GPU sat idle before it
+and when the host launched it, i.e. where an eager call waits for the host. backward: ACP's fwd+bwd with
 the one-kernel backward against the dq and dk/dv kernels (``fused_backward=False``), head dim 64. ncu: Nsight
 Compute's sampled warp states of one Gluon kernel by SASS region (``ncu.py``; ncu from PATH or ``$NCU``), or of
 an existing source-page export.
@@ -205,6 +208,76 @@ def boundaries(shapes, replays=10):
             print(f"| {s} | {case} | {eager:.4f} | {graph_ms:.4f} | {n:.0f} | {tot:,.1f} | {span:,.1f} | {gaps:.1f} |",
                   flush=True)
             del graph
+
+
+def call_kernels(trace, flush_us=30.0):
+    """Per call, its kernels as (name, GPU start, GPU end, host launch time) (us), from a chrome trace (dict) of
+    calls each preceded by an L2 flush (a fill kernel longer than ``flush_us``, which starts a call)."""
+    events = trace["traceEvents"]
+    launch = {e["args"]["correlation"]: e["ts"] for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    calls = []
+    for e in kernels:
+        if "FillFunctor" in e["name"] and e["dur"] > flush_us:
+            calls.append([("flush", e["ts"], e["ts"] + e["dur"], launch.get(e["args"].get("correlation")))])
+        elif calls:
+            calls[-1].append((e["name"], e["ts"], e["ts"] + e["dur"], launch.get(e["args"].get("correlation"))))
+    return calls
+
+
+def stalls(shapes, calls=20):
+    """Eager fwd+bwd, dense and ACP (half the heads local), each call after an L2 flush as ``bench`` times it,
+    under the profiler (CUDA activity only: kernels and launch API calls): per kernel in call order the median of
+    its time, of the GPU's idle time before it (since the previous kernel, or the flush, ended) and of its launch
+    time on the host after the flush's launch (us); then the call's span after the flush against the sum of its
+    kernels. Idle time before a kernel that starts as soon as it is launched is time the GPU waited for the host."""
+    import json
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")  # as triton's do_bench
+    for s in shapes:
+        B, T, H, D = SHAPES[s]
+        inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
+        for case, fn in (("dense", dense_op()), ("ACP", acp_op(w))):
+            q, k, v, lf = (t.detach().requires_grad_() for t in inputs)
+            do = torch.randn_like(q)
+
+            def run():
+                flush.zero_()
+                fn(q, k, v, lf).backward(do)
+                q.grad = k.grad = v.grad = lf.grad = None
+
+            for _ in range(10):
+                run()
+            torch.cuda.synchronize()
+            with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    run()
+                torch.cuda.synchronize()
+            with tempfile.NamedTemporaryFile(suffix=".json") as f:
+                prof.export_chrome_trace(f.name)
+                trace = json.load(open(f.name))
+            got = call_kernels(trace)
+            if len(got) != calls or len({len(c) for c in got}) != 1:
+                raise SystemExit(f"stalls: expected {calls} calls of one kernel sequence, got {len(got)} calls "
+                                 f"with {sorted({len(c) for c in got})} kernels")
+            med = lambda xs: statistics.median(xs)  # noqa: E731
+            print(f"{s} {case} fwd+bwd, {calls} eager calls: kernel | us | idle before | launched at")
+            for i in range(1, len(got[0])):
+                name = got[0][i][0][:60]
+                dur = med([c[i][2] - c[i][1] for c in got])
+                idle = med([c[i][1] - c[i - 1][2] for c in got])
+                at = med([c[i][3] - c[0][3] for c in got if c[i][3] is not None and c[0][3] is not None])
+                print(f"  {name:60s} {dur:8.1f} {idle:8.1f} {at:8.1f}")
+            span = med([c[-1][2] - c[0][2] for c in got])
+            busy = med([sum(e - b for _, b, e, _ in c[1:]) for c in got])
+            print(f"  span after the flush {span:.1f} us, kernels {busy:.1f} us, idle {span - busy:.1f} us "
+                  f"(the flush itself {med([c[0][2] - c[0][1] for c in got]):.1f} us)", flush=True)
 
 
 def backward(shapes, rounds):
@@ -398,6 +471,8 @@ def main(argv=None):
     add("boundaries", "S1,S2,S3,S4", "eager against CUDA-graph time; the gaps between a call's kernels")
     add("host", None, "host time per eager call, and per stage and launch").add_argument(
         "--functions", type=int, default=0, metavar="N", help="also the N functions with the most own time")
+    add("stalls", "S1", "where eager calls wait for the host").add_argument(
+        "--calls", type=rounds_arg, default=20, help="profiled calls per case (>= 1)")
     add("backward", "S1,S2", "ACP with the one-kernel backward against the two kernels").add_argument(
         "--rounds", type=rounds_arg, default=3, help="rounds (>= 1)")
     p = add("ncu", None, "Nsight Compute's warp states of one Gluon kernel by SASS region")
@@ -413,7 +488,8 @@ def main(argv=None):
         return ncu(args, p.error)
     {"heads": lambda: heads(args.shapes, args.profile), "kernels": lambda: kernels(args.shapes),
      "ceiling": lambda: ceiling(args.shapes), "spread": lambda: spread(args.shapes, args.repeats),
-     "boundaries": lambda: boundaries(args.shapes), "host": lambda: host(functions=args.functions),
+     "boundaries": lambda: boundaries(args.shapes),
+     "stalls": lambda: stalls(args.shapes, args.calls), "host": lambda: host(functions=args.functions),
      "backward": lambda: backward(args.shapes, args.rounds)}[args.what]()
 
 

@@ -104,7 +104,11 @@ def forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlens
         tables = acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_norm_weights,
                                 options)[:2]
     if DP.eager(q, k, v, log_fgate):
-        o, _ = DP.FoxEager.apply(q, k, v, log_fgate, kstart, kend, sm_scale, *tables, options)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or log_fgate.requires_grad):
+            o, _ = DP.FoxEager.apply(q, k, v, log_fgate, kstart, kend, sm_scale, *tables, options)
+        else:  # (nothing to differentiate: the forward without autograd.Function's bookkeeping)
+            o, _ = DP.fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, *tables, options)
     else:
         o, _ = DP.fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, *tables, options.token)
     if return_stats:

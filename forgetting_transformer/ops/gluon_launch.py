@@ -119,8 +119,8 @@ def fwd_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None, grid=None):
     from . import gluon_kernels as gk
 
     B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
-    bm, bn, stages, wgs = config or tiles.GLUON_FWD_CONFIGS[D]
+    config = config or tiles.GLUON_FWD_CONFIGS[D]
+    bm, bn, stages, wgs = config
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     o = torch.empty_like(q)
     lse = torch.empty((B, H, Tq), device=q.device, dtype=torch.float32)
@@ -128,12 +128,21 @@ def fwd_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None, grid=None):
         return o, lse
     pk, _ = TL.block_prefix(lf, Tq, query_side=False)
     lo = lse if acp_tables is None else acp_tables[0]  # the kernel reads ACP from LO's dtype (int32: a table)
-    launch_cache.launch(gk.fox_fwd_sm90_kernel, (B * H, cdiv(Tq, wgs * bm)),
-        tma_desc(q, bm), tma_desc(k, bn), tma_desc(v, bn), tma_vec(pk, bn), lf, pk, o, lse, lo,
-        lf.stride(0), lf.stride(1), lf.stride(2), o.stride(0), o.stride(1), o.stride(2), *pk.stride()[:2],
-        *TL.acp_args(acp_tables, grid, rows_only=True), H, H // Hkv, Tq, Tk, sm_scale,
-        BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, NUM_STAGES=stages, NUM_WG=wgs,
-        num_warps=4, maxnreg=tiles.gluon_maxnreg(4 * wgs))
+    key = ("fwd_sm90", q.shape, k.shape, q.dtype, k.dtype, v.dtype, lf.dtype, lf.stride(), lo.dtype, lo.shape,
+           config, grid and tuple(grid), launch_cache.aligned(lf, lo))
+
+    def build():
+        Tk, Hkv = k.shape[1], k.shape[2]
+        ints = (lf.stride(0), lf.stride(1), lf.stride(2), o.stride(0), o.stride(1), o.stride(2), *pk.stride()[:2],
+                *TL.acp_args(acp_tables, grid, rows_only=True), H, H // Hkv, Tq, Tk)
+        meta = dict(BLOCK_M=bm, BLOCK_N=bn, HEAD_DIM=D, NUM_STAGES=stages, NUM_WG=wgs, num_warps=4,
+                    maxnreg=tiles.gluon_maxnreg(4 * wgs))
+        return (B * H, cdiv(Tq, wgs * bm)), ints, meta
+
+    launch_grid, ints, meta = launch_cache.static(key, build)
+    launch_cache.launch_keyed(key, gk.fox_fwd_sm90_kernel, launch_grid,
+        tma_desc(q, bm), tma_desc(k, bn), tma_desc(v, bn), tma_vec(pk, bn), lf, pk, o, lse, lo, *ints,
+        float(sm_scale), **meta)
     return o, lse
 
 
@@ -196,15 +205,18 @@ def bwd_fused_setup(o, do, lf, lse, block_m):
 
     B, Tq, H, D = o.shape
     svr = cdiv(Tq, 4) * 4
-    delta = torch.empty((B, H, Tq), device=o.device, dtype=torch.float32)
-    pq = torch.empty((B * H, cdiv(Tq, block_m) * block_m), device=o.device, dtype=torch.float32)
-    z = torch.empty((B * H, svr), device=o.device, dtype=torch.float32)
-    dq32 = torch.empty((B, Tq, H, D), device=o.device, dtype=torch.float32)
-    rs8 = torch.empty((B, Tq, H, 8), device=o.device, dtype=torch.float32)
-    launch_cache.launch(tk._bwd_fused_setup_kernel, (B * H, cdiv(Tq, block_m)),
-        o, do, delta, dq32, rs8, lf, pq, lse, z, H, Tq, lf.shape[1], o.stride(0), o.stride(1), o.stride(2),
-        lf.stride(0), lf.stride(1), lf.stride(2), pq.stride(0), svr, HEAD_DIM=D, BLOCK_D=padded_head_dim(D),
-        ROWS=block_m)
+    dev = o.device
+    delta = torch.empty((B, H, Tq), device=dev, dtype=torch.float32)
+    pq = torch.empty((B * H, cdiv(Tq, block_m) * block_m), device=dev, dtype=torch.float32)
+    z = torch.empty((B * H, svr), device=dev, dtype=torch.float32)
+    dq32 = torch.empty((B, Tq, H, D), device=dev, dtype=torch.float32)
+    rs8 = torch.empty((B, Tq, H, 8), device=dev, dtype=torch.float32)
+    key = ("fused_setup", o.shape, o.stride(), do.stride(), o.dtype, do.dtype, lf.shape, lf.stride(), lf.dtype,
+           lse.dtype, block_m, launch_cache.aligned(o, do, lf, lse))
+    ints = launch_cache.static(key, lambda: (H, Tq, lf.shape[1], o.stride(0), o.stride(1), o.stride(2),
+                                             lf.stride(0), lf.stride(1), lf.stride(2), pq.stride(0), svr))
+    launch_cache.launch_keyed(key, tk._bwd_fused_setup_kernel, (B * H, cdiv(Tq, block_m)),
+        o, do, delta, dq32, rs8, lf, pq, lse, z, *ints, HEAD_DIM=D, BLOCK_D=padded_head_dim(D), ROWS=block_m)
     return delta, pq, z, dq32, rs8
 
 
@@ -217,24 +229,31 @@ def bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None, acp_tables=No
     from . import gluon_kernels as gk
 
     B, Tq, H, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
-    bm, keys, stages, slots = config or tiles.GLUON_FUSED_CONFIGS[D]
+    config = config or tiles.GLUON_FUSED_CONFIGS[D]
+    bm, keys, stages, slots = config
     q, k, v, do, o = q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous(), o.contiguous()
     delta, pq, z, dq32, rs8 = bwd_fused_setup(o, do, lf, lse, bm)
     svr = z.shape[1]  # a TMA copy starts at a 16-byte boundary: rows of z and delta padded to 4 floats
-    vec = functools.partial(query_vec, rows=svr, block=bm)
-    zd = vec(z, rows=None)  # (the kernel reads z in place of PQ and LSE)
+    zd = query_vec(z, block=bm)  # (the kernel reads z in place of PQ and LSE)
+    dd = query_vec(delta, rows=svr, block=bm)
 
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
-    launch_cache.launch(gk.fox_bwd_fused_sm90_kernel, (B * Hkv, cdiv(Tk, 2 * keys)),
+    dcol = torch.empty((B, k.shape[1], H), device=q.device, dtype=torch.float32)
+    hi = dcol if acp_tables is None else acp_tables[1]  # the kernel reads ACP from HI's dtype (int32: a table)
+    key = ("fused", q.shape, k.shape, q.dtype, k.dtype, v.dtype, do.dtype, lf.dtype, lf.stride(), hi.dtype, hi.shape,
+           config, grid and tuple(grid), launch_cache.aligned(lf, hi))
+
+    def build():
+        Tk, Hkv = k.shape[1], k.shape[2]
+        ints = (lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), 0,
+                pq.stride(0), svr, H, H // Hkv, Tq, Tk)  # (pq: one plane, stride 0)
+        return (B * k.shape[2], cdiv(Tk, 2 * keys)), ints, TL.acp_args(acp_tables, grid)[1:], tiles.gluon_maxnreg(8)
+
+    launch_grid, ints, acp, maxnreg = launch_cache.static(key, build)
+    launch_cache.launch_keyed(key, gk.fox_bwd_fused_sm90_kernel, launch_grid,
         tma_desc(q, bm), tma_desc(do, bm), tma_desc(k, keys), tma_desc(v, keys), zd, zd,
-        vec(delta), tma_desc(dq32, bm), tma_desc(rs8, bm), lf, pq, dk, dv, dcol,  # (pq: one plane, stride 0)
-        lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), 0, pq.stride(0), svr,
-        H, H // Hkv, Tq, Tk, sm_scale,
-        dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
-        *TL.acp_args(acp_tables, grid)[1:], NUM_STAGES=stages, DQ_SLOTS=slots, num_warps=4,
-        maxnreg=tiles.gluon_maxnreg(8))
+        dd, tma_desc(dq32, bm), tma_desc(rs8, bm), lf, pq, dk, dv, dcol, *ints, float(sm_scale), hi, *acp,
+        NUM_STAGES=stages, DQ_SLOTS=slots, num_warps=4, maxnreg=maxnreg)
     # (drow: a strided view, which bwd_dlogf reads; dq32 rounded by the caller, or by bwd_dlogf with d log f)
     return (dq32.to(q.dtype) if round_dq else dq32), dk, dv, rs8[..., 0], dcol

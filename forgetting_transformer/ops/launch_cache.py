@@ -19,8 +19,15 @@ not ``@triton.jit`` / ``@gluon.jit`` kernels (an autotuner, the CPU interpreter'
 launch hook is installed (a profiler's). Triton's knobs that change what a kernel compiles to (``TRITON_DEBUG``,
 instrumentation) are taken as fixed for the process.
 
-``verify()`` makes every direct launch also ask triton which kernel it would launch and raise if it is another
-(the GPU tests run the op under it).
+``launch_keyed(key, fn, grid, *args, **kwargs)`` is ``launch`` for a launcher that names the specialisation
+itself: ``key`` is built from what the arguments derive from (shapes, strides, dtypes, constexprs, and the 16-byte
+alignment of each tensor the launcher did not allocate), which skips the per-argument key (~30 arguments, 3-4 us of
+host time per launch). ``static(key, build)`` keeps what a launcher derives from such a key (its ints, grid and
+constexprs), so that a repeated call does not derive them again.
+
+``verify()`` makes every direct launch also ask triton which kernel it would launch and raise if it is another,
+and every keyed launch also check that its key finds the kernel the full key finds (the GPU tests run the op under
+it).
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import functools
 import torch
 
 _CACHE: dict = {}  # (id(fn), device, arg keys, kwargs) -> (launcher, function handle, packed metadata, tail, kernel)
+_KEYED: dict = {}  # (id(fn), device, a launcher's key) -> the entry of _CACHE that its first launch found
+_STATIC: dict = {}  # a launcher's key -> what ``static`` built for it
 # id(fn) -> (fn, positions of its constexpr parameters or None where launches take triton's path); keyed by id, as
 # a JITFunction's own hash is that of its source-derived cache key, and fn kept so that its id is never reused
 _SPECS: dict = {}
@@ -121,6 +130,10 @@ def _remember(key, fn, kernel, args, kwargs):
 def launch(fn, grid, *args, **kwargs):
     """``fn[grid](*args, **kwargs)`` (``grid``: a tuple of 1 to 3 ints), directly once ``fn``'s kernel for these
     arguments' specialisation has been launched through triton (the module docstring says when)."""
+    _launch(fn, grid, args, kwargs)
+
+
+def _launch(fn, grid, args, kwargs):
     try:
         key = _key(fn, args, kwargs)
         hit = _CACHE.get(key)
@@ -137,6 +150,57 @@ def launch(fn, grid, *args, **kwargs):
         _check(fn, grid, args, kwargs, kernel)
     g = (*grid, 1, 1)
     run(g[0], g[1], g[2], _STREAM(key[1]), function, packed, None, None, None, *args, *tail)
+
+
+def launch_keyed(key, fn, grid, *args, **kwargs):
+    """``launch(fn, grid, *args, **kwargs)`` where ``key`` (hashable; None: ``launch``) determines every fact that
+    triton specialises ``args`` and ``kwargs`` on: the launcher builds it from the shapes, strides, dtypes and
+    constexprs its arguments derive from and the 16-byte alignment of each tensor it did not allocate. The first
+    launch under a key takes ``launch``'s path and remembers the kernel that it found."""
+    if key is None:
+        _launch(fn, grid, args, kwargs)
+        return
+    dev = _DEVICE() if _DEVICE is not None else None
+    hit = _KEYED.get((id(fn), dev, key))
+    if hit is None or _VERIFYING is not None or _hooked():
+        _launch_keyed_slow(key, hit, fn, grid, args, kwargs)
+        return
+    run, function, packed, tail, _ = hit
+    g = (*grid, 1, 1)
+    run(g[0], g[1], g[2], _STREAM(dev), function, packed, None, None, None, *args, *tail)
+
+
+def _launch_keyed_slow(key, hit, fn, grid, args, kwargs):
+    """A keyed launch through ``launch``: the first under its key (remembered, if ``launch`` kept the kernel), under
+    ``verify()`` (the key's entry checked against the full key's) or with a launch hook installed."""
+    try:
+        full = _key(fn, args, kwargs)
+    except (_Uncached, TypeError):
+        full = None
+    if hit is not None and _VERIFYING is not None and _CACHE.get(full) is not hit:
+        raise AssertionError(f"launch_cache: the launcher's key {key!r} finds another {fn.__name__} kernel than its "
+                             f"arguments' full key: the launcher's key misses a fact triton specialises on")
+    _launch(fn, grid, args, kwargs)
+    entry = None if full is None else _CACHE.get(full)
+    if hit is None and entry is not None:
+        _KEYED[(id(fn), full[1], key)] = entry
+
+
+def static(key, build):
+    """What ``build()`` returned for ``key`` the first time (a launcher's ints, grid and constexprs for a key that
+    determines them)."""
+    got = _STATIC.get(key)
+    if got is None:
+        got = _STATIC[key] = build()
+    return got
+
+
+def aligned(*tensors):
+    """Whether each tensor's address is 16-byte aligned, as one int of bits (a launcher's key part)."""
+    bits = 0
+    for t in tensors:
+        bits = 2 * bits + (t.data_ptr() % 16 == 0)
+    return bits
 
 
 def _check(fn, grid, args, kwargs, kernel):
@@ -163,3 +227,4 @@ def verify():
 def clear():
     """Forget the kept kernels (the next launch of each specialisation goes through triton again)."""
     _CACHE.clear()
+    _KEYED.clear()

@@ -206,10 +206,10 @@ HOST_STAGES = ("forgetting_attention.forgetting_attention_triton", "forgetting_a
 @contextlib.contextmanager
 def host_stages():
     """Within the context, every call of the op's host-side stages (``HOST_STAGES``, keyed by function name) and
-    every kernel launch (``launch <kernel name>``: ``launch_cache.launch``, i.e. the cache key and the driver call,
-    or at a new specialisation triton's binding, specialisation and compilation) adds its inclusive wall seconds
-    to the dict the context yields (clear it between timings). Nested stages overlap, so the entries do not add up
-    to a call."""
+    every kernel launch (``launch <kernel name>``: ``launch_cache.launch`` or ``launch_keyed``, i.e. the cache key
+    and the driver call, or at a new specialisation triton's binding, specialisation and compilation) adds its
+    inclusive wall seconds to the dict the context yields (clear it between timings). Nested stages overlap, so the
+    entries do not add up to a call."""
     acc: dict[str, float] = {}
 
     def timed(name, fn):
@@ -221,26 +221,28 @@ def host_stages():
                 acc[name] = acc.get(name, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    def timed_launch(launch):
-        def wrapper(fn, *a, **kw):
+    def timed_launch(launch, keyed):
+        def wrapper(*a, **kw):
             t0 = time.perf_counter()
             try:
-                return launch(fn, *a, **kw)
+                return launch(*a, **kw)
             finally:
-                key = f"launch {fn.__name__}"
+                key = f"launch {a[int(keyed)].__name__}"  # (launch_keyed's first argument is the key)
                 acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    launch = _launch_cache.launch
+    launches = [(name, getattr(_launch_cache, name)) for name in ("launch", "launch_keyed")]
     stages = [(importlib.import_module(f"{__package__}.{m}"), name) for m, name in
               (s.split(".") for s in HOST_STAGES)]
     saved = [(module, name, getattr(module, name)) for module, name in stages]
     try:
-        _launch_cache.launch = timed_launch(launch)
+        for name, fn in launches:
+            setattr(_launch_cache, name, timed_launch(fn, name == "launch_keyed"))
         for module, name, fn in saved:
             setattr(module, name, timed(name, fn))
         yield acc
     finally:
-        _launch_cache.launch = launch
+        for name, fn in launches:
+            setattr(_launch_cache, name, fn)
         for module, name, fn in saved:
             setattr(module, name, fn)

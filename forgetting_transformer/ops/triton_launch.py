@@ -74,9 +74,11 @@ def acp_launch(q, k, lf, sm_scale, mode, grid, delta=None, thr_value=0.0, gamma_
         rows = 16 if interpreting() else 128
         nch_norms = max(1, min(cdiv(max(Tq, Tk), rows), ACP_NORM_CHUNKS))  # a program strides over its chunks
         norms = torch.empty((B * (H + Hkv), nch_norms), device=lf.device, dtype=torch.float32)
-        launch_cache.launch(tk._acp_norms_kernel, (B * (H + Hkv), nch_norms),
-            q, k, norms, B, H, Hkv, Tq, Tk, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-            k.stride(2), nch_norms, HEAD_DIM=D, BLOCK_D=block_d, ROWS=rows, num_warps=4)
+        key = ("acp_norms", q.shape, q.stride(), k.shape, k.stride(), q.dtype, k.dtype, nch_norms, rows,
+               launch_cache.aligned(q, k))
+        launch_cache.launch_keyed(key, tk._acp_norms_kernel, (B * (H + Hkv), nch_norms),
+            q, k, norms, B, H, Hkv, Tq, Tk, *q.stride()[:3], *k.stride()[:3], nch_norms, HEAD_DIM=D, BLOCK_D=block_d,
+            ROWS=rows, num_warps=4)
     # c = cumsum(log f) in chunks of P positions (a multiple of SUB), at most ACP_CUMSUM_CHUNKS of them, so that
     # the lo kernel adds the totals of the chunks before a position from one vector of registers
     hp = next_pow2(H)
@@ -86,13 +88,16 @@ def acp_launch(q, k, lf, sm_scale, mode, grid, delta=None, thr_value=0.0, gamma_
     c = torch.empty((B, Tk, H), device=lf.device, dtype=torch.float64)
     tot = torch.empty((B, max(nch, 1), H), device=lf.device, dtype=torch.float64)
     if B * nch > 0:
-        launch_cache.launch(tk._acp_cumsum_kernel, (B, nch), lf, c, tot, H, Tk, p, nch, SUB=sub, HP=hp,
-                            num_warps=4)
+        key = ("acp_cumsum", lf.shape, lf.dtype, p, nch, sub, launch_cache.aligned(lf))
+        launch_cache.launch_keyed(key, tk._acp_cumsum_kernel, (B, nch), lf, c, tot, H, Tk, p, nch, SUB=sub, HP=hp,
+                                  num_warps=4)
     vec = 16 if interpreting() else ACP_VEC
     nwq = max(1, cdiv(nq, vec))  # (with no query blocks, one program writes the threshold)
-    launch_cache.launch(tk._acp_tables_kernel, (B * H, nwq + cdiv(nk, vec)),
-        c, tot, out if delta is None else delta, out, lo, hi, gq, gk, norms, B, H, Hkv, H // Hkv, Tq, Tk, nq, nk,
-        nwq, p, nch, sgq, sgk, gk_div, nch_norms, D, float(thr_value), float(sm_scale), math.sqrt(D),
+    delta = out if delta is None else delta
+    ints = (B, H, Hkv, H // Hkv, Tq, Tk, nq, nk, nwq, p, nch, sgq, sgk, gk_div, nch_norms, D)
+    key = ("acp_tables", ints, mode, GM, GN, vec, delta.dtype, gq.dtype, gk.dtype, launch_cache.aligned(delta, gq, gk))
+    launch_cache.launch_keyed(key, tk._acp_tables_kernel, (B * H, nwq + cdiv(nk, vec)),
+        c, tot, delta, out, lo, hi, gq, gk, norms, *ints, float(thr_value), float(sm_scale), math.sqrt(D),
         math.log(max(Tk, 1)), float(log_eps), GM=GM, GN=GN, VEC=vec, NCHP=next_pow2(nch),
         MODE=ACP_MODES[mode], BLOCK_D=block_d, num_warps=4)
     return lo, hi, out
@@ -118,9 +123,10 @@ def block_prefix(lf, Tq, query_side=True, key_side=True):
     p = pk if key_side else pq
     from . import triton_kernels as tk
 
-    launch_cache.launch(tk._block_prefix_kernel, (B * H, tpad // 128), lf, p, pq if query_side else p, H, Tk,
-                        Tk - Tq, *p.stride()[:2], lf.stride(0), lf.stride(1), lf.stride(2), CHUNK=128,
-                        QUERY_SIDE=query_side, KEY_SIDE=key_side)
+    key = ("block_prefix", lf.shape, lf.stride(), lf.dtype, Tq, query_side, key_side, launch_cache.aligned(lf))
+    ints = launch_cache.static(key, lambda: (H, Tk, Tk - Tq, *p.stride()[:2], *lf.stride()))
+    launch_cache.launch_keyed(key, tk._block_prefix_kernel, (B * H, tpad // 128), lf, p, pq if query_side else p,
+                              *ints, CHUNK=128, QUERY_SIDE=query_side, KEY_SIDE=key_side)
     return pk, pq
 
 
@@ -232,9 +238,13 @@ def bwd_dlogf(drow, dcol, dq32=None, dq=None):
 
     round_dq = dq32 is not None
     D = dq32.shape[-1] if round_dq else 16
-    launch_cache.launch(tk._dlogf_sums_kernel, (B * H, nch), drow, dcol, sums, H, Tq, Tk, nch, sr, CHUNK=chunk)
+    key = ("dlogf", drow.shape, sr, drow.dtype, dcol.shape, dcol.dtype, chunk, launch_cache.aligned(drow, dcol))
+    launch_cache.launch_keyed(key, tk._dlogf_sums_kernel, (B * H, nch), drow, dcol, sums, H, Tq, Tk, nch, sr,
+                              CHUNK=chunk)
     rows = min(chunk, DQ_ROUND_ROWS)  # dq rows rounded per program: CHUNK // rows programs per chunk
-    launch_cache.launch(tk._dlogf_kernel, (B * H, nch, chunk // rows if round_dq else 1),
-        drow, dcol, sums, dlf, dq32 if round_dq else dlf, dq if round_dq else dlf, H, Tq, Tk, nch, sr, CHUNK=chunk,
-        VEC=16 if interpreting() else 128, ROUND_DQ=round_dq, HEAD_DIM=D, BLOCK_D=padded_head_dim(D), ROWS=rows)
+    dq32, dq = (dq32, dq) if round_dq else (dlf, dlf)
+    key += (round_dq, D, rows, dq32.dtype, dq.dtype, launch_cache.aligned(dq32, dq))
+    launch_cache.launch_keyed(key, tk._dlogf_kernel, (B * H, nch, chunk // rows if round_dq else 1),
+        drow, dcol, sums, dlf, dq32, dq, H, Tq, Tk, nch, sr, CHUNK=chunk, VEC=16 if interpreting() else 128,
+        ROUND_DQ=round_dq, HEAD_DIM=D, BLOCK_D=padded_head_dim(D), ROWS=rows)
     return dlf

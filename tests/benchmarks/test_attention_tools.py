@@ -237,6 +237,29 @@ def test_replay_gaps():
         replay_gaps([])
 
 
+def test_call_kernels_splits_a_trace_at_the_flushes():
+    """``breakdown.call_kernels`` (stalls): the kernels of a profiled trace grouped into calls, each starting at an L2
+    flush (a fill kernel longer than 30 us; a short fill inside a call is one of its kernels), each kernel with its
+    GPU start, end and the host time of its launch (by correlation id); kernels before the first flush dropped."""
+    from benchmarks.attention.breakdown import call_kernels
+
+    def kernel(name, ts, dur, corr):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    def launch(ts, corr):
+        return {"cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": ts, "args": {"correlation": corr}}
+
+    fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<int>>"
+    events = [kernel("stray", 0, 5, 1), launch(-3, 1),
+              kernel(fill, 10, 80, 2), launch(1, 2), kernel("fwd", 95, 300, 3), launch(40, 3),
+              kernel(fill, 400, 4, 4), launch(60, 4), kernel("bwd", 410, 500, 5), launch(90, 5),
+              kernel(fill, 1000, 81, 6), launch(900, 6), kernel("fwd", 1090, 290, 7)]  # (7: no launch recorded)
+    calls = call_kernels({"traceEvents": events})
+    assert calls == [[("flush", 10, 90, 1), ("fwd", 95, 395, 40), (fill, 400, 404, 60), ("bwd", 410, 910, 90)],
+                     [("flush", 1000, 1081, 900), ("fwd", 1090, 1380, None)]]
+    assert call_kernels({"traceEvents": []}) == []
+
+
 def test_gpu_tools_refuse_a_cpu_machine():
     """The timing tools name what they need instead of failing inside CUDA calls."""
     if torch.cuda.is_available():

@@ -235,6 +235,25 @@ def test_torch_compile_no_graph_break(acp):
         assert rel(x.grad, y.grad) <= 1e-6
 
 
+def test_calls_without_gradients_skip_autograd_and_compute_the_same(monkeypatch):
+    """Eager calls with nothing to differentiate (no input requiring grad, or under ``no_grad``) run the forward
+    without the autograd layer (``FoxEager`` is not entered): no graph node, the same output bitwise as the
+    differentiable call."""
+    q, k, v, lf = make(1, 40, 40, 2, 2, 16)
+    for acp in ({}, {"adaptive_threshold": "auto"}):
+        xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
+        o = forgetting_attention(*xs, backend="triton", **acp)
+        assert type(o.grad_fn).__name__ == "FoxEagerBackward", o.grad_fn
+        with monkeypatch.context() as m:
+            m.setattr(DP.FoxEager, "apply", lambda *a: pytest.fail("FoxEager entered without gradients"))
+            with torch.no_grad():
+                o_nograd = forgetting_attention(*xs, backend="triton", **acp)
+            o_plain = forgetting_attention(q, k, v, lf, backend="triton", **acp)
+        for got in (o_nograd, o_plain):
+            assert got.grad_fn is None and not got.requires_grad
+            assert torch.equal(got, o.detach())
+
+
 def test_compiled_graphs_hold_the_custom_ops():
     """Under torch.compile the forward and backward graphs call the opaque ops (fox_acp_tables, fox_fwd,
     fox_bwd) and never trace into a kernel launch (eager calls take ``FoxEager`` instead)."""

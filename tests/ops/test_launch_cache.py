@@ -79,3 +79,30 @@ def test_under_the_interpreter_every_launch_takes_tritons_path():
     assert launch_cache._CACHE == before
     c = torch.cumsum(lf.double(), 1)  # (1, 70, 2): within the first 128-block, the block-local prefix sums
     assert torch.allclose(pk[3, :, :70].double(), c[0].T, atol=1e-5)
+
+
+def test_aligned_bits_and_static_values():
+    """``aligned``: one bit per tensor, 1 where its address is 16-byte aligned (a launcher's key part);
+    ``static``: the first value built for a key, not built again."""
+    buf = torch.empty(64)
+    assert launch_cache.aligned(buf, buf[1:], buf[4:], buf[2:]) == 0b1010
+    assert launch_cache.aligned() == 0
+    built = []
+    key = ("test static", object())
+    for _ in range(3):
+        assert launch_cache.static(key, lambda: built.append(1) or len(built)) == 1
+    assert built == [1]
+
+
+def test_keyed_launches_under_the_interpreter_take_tritons_path():
+    """The interpreter's kernels are not ``JITFunction``s: a keyed launch runs through triton and keeps nothing."""
+    from forgetting_transformer.ops import triton_launch as TL
+
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs only on machines without CUDA")
+    drow, dcol = torch.randn(1, 70, 2), torch.randn(1, 70, 2)
+    before = (dict(launch_cache._CACHE), dict(launch_cache._KEYED))
+    dlf = TL.bwd_dlogf(drow, dcol)
+    assert (dict(launch_cache._CACHE), dict(launch_cache._KEYED)) == before
+    want = (drow - dcol).double().flip(1).cumsum(1).flip(1)
+    assert torch.allclose(dlf.double(), want, atol=1e-5)

@@ -76,3 +76,28 @@ def test_the_ops_repeated_calls_launch_directly_and_compute_the_same(gluon, acp)
     assert counts["direct"] >= 5
     for first, second in zip(*runs):
         assert torch.equal(first, second)
+
+
+def test_keyed_launches_are_direct_and_a_key_that_misses_a_fact_is_caught():
+    """``launch_keyed``: repeats under a launcher's key launch directly and compute what triton's launches do; a
+    key that leaves out a fact triton specialises on (here a tensor's alignment) finds a kernel the full key does
+    not, which ``verify()`` reports instead of launching it."""
+    axpy = _axpy_kernel()
+    buf = torch.randn(2, 4099, device="cuda")
+    n = 1000
+
+    def call(key, offset):
+        x, y = buf[0][offset:], buf[1][offset:]
+        out = torch.zeros_like(y)
+        launch_cache.launch_keyed(key, axpy, (-(-n // 128),), x, y, out, n, 0.5, 1, BLOCK=128, SQUARE=False)
+        assert torch.equal(out[:n], 0.5 * x[:n] + y[:n])
+
+    with launch_cache.verify() as counts:
+        for offset in (0, 1, 0, 1):
+            call(("axpy", launch_cache.aligned(buf[0][offset:], buf[1][offset:])), offset)
+        assert counts["direct"] == 2
+        call(("axpy, alignment left out",), 0)
+        with pytest.raises(AssertionError, match="misses a fact"):
+            call(("axpy, alignment left out",), 1)
+    call(("axpy", launch_cache.aligned(buf[0], buf[1])), 0)  # (outside verify: the direct path)
+    assert launch_cache.aligned(buf[0], buf[0][1:], buf[0][4:]) == 0b101
