@@ -219,10 +219,11 @@ def call_kernels(trace, flush_us=30.0):
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     calls = []
     for e in kernels:
+        row = (e["name"], e["ts"], e["ts"] + e["dur"], launch.get(e["args"].get("correlation")))
         if "FillFunctor" in e["name"] and e["dur"] > flush_us:
-            calls.append([("flush", e["ts"], e["ts"] + e["dur"], launch.get(e["args"].get("correlation")))])
+            calls.append([("flush", *row[1:])])
         elif calls:
-            calls[-1].append((e["name"], e["ts"], e["ts"] + e["dur"], launch.get(e["args"].get("correlation"))))
+            calls[-1].append(row)
     return calls
 
 
@@ -261,19 +262,19 @@ def stalls(shapes, calls=20):
                 torch.cuda.synchronize()
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 prof.export_chrome_trace(f.name)
-                trace = json.load(open(f.name))
-            got = call_kernels(trace)
+                with open(f.name) as trace:
+                    got = call_kernels(json.load(trace))
             if len(got) != calls or len({len(c) for c in got}) != 1:
                 raise SystemExit(f"stalls: expected {calls} calls of one kernel sequence, got {len(got)} calls "
                                  f"with {sorted({len(c) for c in got})} kernels")
-            med = lambda xs: statistics.median(xs)  # noqa: E731
+            med = statistics.median
             print(f"{s} {case} fwd+bwd, {calls} eager calls: kernel | us | idle before | launched at")
             for i in range(1, len(got[0])):
-                name = got[0][i][0][:60]
                 dur = med([c[i][2] - c[i][1] for c in got])
                 idle = med([c[i][1] - c[i - 1][2] for c in got])
-                at = med([c[i][3] - c[0][3] for c in got if c[i][3] is not None and c[0][3] is not None])
-                print(f"  {name:60s} {dur:8.1f} {idle:8.1f} {at:8.1f}")
+                at = [c[i][3] - c[0][3] for c in got if c[i][3] is not None and c[0][3] is not None]
+                at = f"{med(at):8.1f}" if at else "       -"  # (- where the profiler recorded no launch)
+                print(f"  {got[0][i][0][:60]:60s} {dur:8.1f} {idle:8.1f} {at}")
             span = med([c[-1][2] - c[0][2] for c in got])
             busy = med([sum(e - b for _, b, e, _ in c[1:]) for c in got])
             print(f"  span after the flush {span:.1f} us, kernels {busy:.1f} us, idle {span - busy:.1f} us "

@@ -153,13 +153,10 @@ def _launch(fn, grid, args, kwargs):
 
 
 def launch_keyed(key, fn, grid, *args, **kwargs):
-    """``launch(fn, grid, *args, **kwargs)`` where ``key`` (hashable; None: ``launch``) determines every fact that
-    triton specialises ``args`` and ``kwargs`` on: the launcher builds it from the shapes, strides, dtypes and
-    constexprs its arguments derive from and the 16-byte alignment of each tensor it did not allocate. The first
-    launch under a key takes ``launch``'s path and remembers the kernel that it found."""
-    if key is None:
-        _launch(fn, grid, args, kwargs)
-        return
+    """``launch(fn, grid, *args, **kwargs)`` where ``key`` (hashable) determines every fact that triton
+    specialises ``args`` and ``kwargs`` on: the launcher builds it from the shapes, strides, dtypes and constexprs
+    its arguments derive from and the 16-byte alignment of each tensor it did not allocate. The first launch under
+    a key takes ``launch``'s path and remembers the kernel that it found."""
     dev = _DEVICE() if _DEVICE is not None else None
     hit = _KEYED.get((id(fn), dev, key))
     if hit is None or _VERIFYING is not None or _hooked():
