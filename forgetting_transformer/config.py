@@ -132,9 +132,12 @@ class DecoderConfig(ModelConfig):
     fgate: Fgate = Fgate.data_dependent
     fgate_init: Optional[list] = None  # [T_min, T_max]: forget-gate bias init by decay time constants
     qk_norm: bool = False
+    qk_norm_eps: Optional[float] = None  # the QK-norm's eps (null: norm_eps); the released models: 1e-5
     output_gate: bool = False
     output_norm: bool = False
+    output_norm_per_head: bool = False  # true: the output norm has H x head_dim weights (the released models)
     kv_shift: bool = False
+    mlp_hidden_size: Optional[int] = None  # the SwiGLU width; null: mlp_hidden_ratio * d_model up to mlp_multiple_of
     acp: bool = False  # Adaptive Computation Pruning in the forget-gate attention ("auto" threshold)
     acp_eps: float = 4.5399929762484854e-05  # e^-10: ACP's bound on the attention weight pruned from any row
     acp_eviction: bool = False  # generation: drop cached keys decayed below ACP's threshold (docs/generation.md)
@@ -358,6 +361,9 @@ def _validate_decoder(m, strategy) -> None:
         _require(len(m.fgate_init) == 2 and 1 < m.fgate_init[0] <= m.fgate_init[1], "model.fgate_init",
                  list(m.fgate_init), "must be [T_min, T_max] with 1 < T_min <= T_max")
     _require(not m.acp or m.fgate != Fgate.none, "model.acp", m.acp, "prunes by forget-gate decay: needs model.fgate")
+    _require(m.qk_norm_eps is None or m.qk_norm_eps > 0, "model.qk_norm_eps", m.qk_norm_eps, "must be > 0 or null")
+    _require(m.mlp_hidden_size is None or m.mlp_hidden_size > 0, "model.mlp_hidden_size", m.mlp_hidden_size,
+             "must be > 0 or null")
     _require(0 < m.acp_eps < 1, "model.acp_eps", m.acp_eps, "must be in (0, 1)")
     _require(not m.acp_eviction or (m.fgate != Fgate.none and m.qk_norm), "model.acp_eviction", m.acp_eviction,
              "evicts by forget-gate decay with a threshold from the QK-norm weights: needs model.fgate and "

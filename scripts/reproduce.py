@@ -23,6 +23,10 @@ one H200, ``--gpus 0,0``; ``lr`` and ``lr-wide`` first, since the others train a
     gates      Table 3 (cont.): data-independent and fixed forget gates, FoX (Pro) + RoPE, Transformer w/o RoPE
     acp        FoX (Pro) with ACP (model.acp=true), seeds 0 and 1, checkpoints kept to measure pruning over training
     path       PaTH (Pro) and PaTH-FoX (Pro), seed 0, at the FoX (Pro) pick (not swept for PaTH; docs/path.md)
+    released   FoX (Pro), Transformer (Pro) and FoX (Pro) without KV-shift as the released models define them
+               (per-head output norm, QK-norm eps 1e-5), seeds 0, 1, 2. The Pro runs of the other parts keep the
+               definition they were trained with (the output norm shared across heads, QK-norm eps 1e-6):
+               ``LEGACY_OVERRIDES``.
 
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
 Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
@@ -107,10 +111,25 @@ def suite() -> list[Run]:
                         acp_trajectory=seed == 0))
     runs += [Run("path_pro", "path_pro", "fox", "path", niah=True),
              Run("path_fox_pro", "path_fox_pro", "fox", "path", niah=True)]
+    for run in runs:  # these parts ran before the Pro presets became the released models: they keep their model
+        if run.model in LEGACY_PRO:
+            run.overrides = [*LEGACY_OVERRIDES, *run.overrides]
+    for seed in RELEASED_SEEDS:
+        runs += [Run("fox_pro_released", "fox_pro", "fox", "released", seed=seed),
+                 Run("transformer_pro_released", "transformer_pro", "transformer", "released", seed=seed),
+                 Run("fox_pro_released_no_kv_shift", "fox_pro", "fox", "released", seed=seed,
+                     overrides=["model.kv_shift=false"])]
     return runs
 
 
-PARTS = ("lr", "lr-wide", "main", "ablations", "gates", "acp", "path")
+PARTS = ("lr", "lr-wide", "main", "ablations", "gates", "acp", "path", "released")
+# The Pro models of every part but "released" keep the definition they were trained with: the output norm's
+# weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
+# now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
+LEGACY_PRO = ("fox_pro", "transformer_pro", "fox_pro_data_independent", "fox_pro_fixed", "fox_pro_rope", "path_pro",
+              "path_fox_pro")
+LEGACY_OVERRIDES = ("model.output_norm_per_head=false", "model.qk_norm_eps=null")
+RELEASED_SEEDS = (0, 1, 2)
 
 
 # ----------------------------------------------------------------------------------------------------- learning rates

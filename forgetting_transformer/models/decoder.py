@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .layers import Attention, ForgetGate, LayerCache, RMSNorm, SwiGLU, mlp_hidden_size
+from .layers import Attention, ForgetGate, LayerCache, RMSNorm, SwiGLU, mlp_width
 from .path import PathAttention, PathCache
 
 
@@ -45,7 +45,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = token_mixer(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = SwiGLU(cfg.d_model, mlp_hidden_size(cfg.d_model, cfg.mlp_hidden_ratio, cfg.mlp_multiple_of))
+        self.mlp = SwiGLU(cfg.d_model, mlp_width(cfg))
 
     def forward(self, x, *, cache=None, seq_start=None, positions=None):
         x = x + self.attn(self.attn_norm(x), cache=cache, seq_start=seq_start, positions=positions)

@@ -34,8 +34,10 @@ MODEL_TYPE = "forgetting_transformer"
 MODEL_DEFAULTS = dict(
     name="fox_llama", arch="decoder", vocab_size=4096, n_layers=4, d_model=192, head_dim=64, n_heads=None,
     n_kv_heads=None, mlp_hidden_ratio=8 / 3, mlp_multiple_of=64, rope=False, rope_base=500000.0, norm_eps=1e-6,
-    init_std=0.02, loss_chunk=4096, mixer="softmax", path_w_rank=32, path_conv_size=3, fgate="data_dependent", fgate_init=None, qk_norm=False, output_gate=False,
-    output_norm=False, kv_shift=False, acp=False, acp_eps=4.5399929762484854e-05, acp_eviction=False,
+    init_std=0.02, loss_chunk=4096, mixer="softmax", path_w_rank=32, path_conv_size=3, fgate="data_dependent",
+    fgate_init=None, qk_norm=False, qk_norm_eps=None, output_gate=False, output_norm=False,
+    output_norm_per_head=False, kv_shift=False, mlp_hidden_size=None, acp=False, acp_eps=4.5399929762484854e-05,
+    acp_eviction=False,
 )
 MODEL_FIELDS = tuple(MODEL_DEFAULTS)
 # Keys of a run's model config that from_model_config leaves out: model.attention (the kernels a run used, not a

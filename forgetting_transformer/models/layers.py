@@ -20,21 +20,36 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
+    """RMSNorm over the last dim. ``heads=None``: one weight per feature, ``(dim,)``; ``heads=H``: a weight per head
+    and feature, ``(H, dim)``, for inputs ``(..., H, dim)`` normalised head by head (the released FoX (Pro)'s
+    output norm)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, heads: int | None = None):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim) if heads is None else torch.ones(heads, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in fp32 or wider (bf16 sums of squares lose precision), return in the input dtype.
         dt = compute_dtype(x.dtype)
-        return F.rms_norm(x.to(dt), (x.shape[-1],), self.weight.to(dt), self.eps).to(x.dtype)
+        if self.weight.dim() == 1:
+            return F.rms_norm(x.to(dt), (x.shape[-1],), self.weight.to(dt), self.eps).to(x.dtype)
+        return (F.rms_norm(x.to(dt), (x.shape[-1],), None, self.eps) * self.weight.to(dt)).to(x.dtype)
 
 
 def mlp_hidden_size(d_model: int, ratio: float, multiple_of: int) -> int:
-    """SwiGLU hidden width: ``ratio * d_model`` rounded up to a multiple of ``multiple_of``."""
+    """SwiGLU hidden width: ``ratio * d_model`` rounded up to a multiple of ``multiple_of``. With ``ratio = 2r/3``
+    and ``multiple_of=256`` this is the official FoX code's ``256 * ceil(int(d * r * 2/3) / 256)`` for every width
+    (r = 3.5 Pro, 4 LLaMA; tests/models/test_official.py checks it)."""
     hidden = int(ratio * d_model)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+def mlp_width(cfg) -> int:
+    """The decoder's SwiGLU hidden width: ``model.mlp_hidden_size`` when set, else the ratio rule above. Configs
+    written before the key existed use the rule."""
+    explicit = getattr(cfg, "mlp_hidden_size", None)
+    return explicit if explicit is not None else mlp_hidden_size(cfg.d_model, cfg.mlp_hidden_ratio, cfg.mlp_multiple_of)
 
 
 class SwiGLU(nn.Module):
@@ -166,9 +181,15 @@ class AttentionBase(nn.Module):
         self.fgate = None if cfg.fgate == "none" else ForgetGate(d, n_heads, cfg.fgate, cfg.fgate_init)
         self.k_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
         self.v_shift = KVShift(d, n_kv_heads) if cfg.kv_shift else None
-        self.q_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.o_norm = RMSNorm(head_dim, cfg.norm_eps) if cfg.output_norm else None
+        # QK-norm weights are shared across heads (as in the released models); its eps may differ from norm_eps
+        # (1e-5 in the official code). The output norm's weights are per head, or shared in configs of earlier
+        # versions (model.output_norm_per_head=false). Keys missing from such configs keep their old meaning.
+        qk_eps = getattr(cfg, "qk_norm_eps", None)
+        qk_eps = cfg.norm_eps if qk_eps is None else qk_eps
+        self.q_norm = RMSNorm(head_dim, qk_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(head_dim, qk_eps) if cfg.qk_norm else None
+        o_heads = n_heads if getattr(cfg, "output_norm_per_head", False) else None
+        self.o_norm = RMSNorm(head_dim, cfg.norm_eps, heads=o_heads) if cfg.output_norm else None
         self.g_proj = nn.Linear(d, n_heads * head_dim, bias=False) if cfg.output_gate else None
 
     def build_position(self, cfg, **position) -> None:
