@@ -2,7 +2,7 @@
 and decodes prompts greedily in batches for the generation-based evaluations (NIAH, LongBench).
 
     load_run(run_dir)                   → (DecoderLM, cfg, checkpoint path)      training checkpoints
-    load_model_and_tokenizer(path)      → (FoXForCausalLM, PreTrainedTokenizerFast, info)   run dir or HF dir
+    load_model_and_tokenizer(path)      → (FoXForCausalLM, FoXTokenizerFast, info)   run dir or HF dir
     generate_texts(model, tok, prompts, max_new_tokens, GenerationOptions(...))  → one continuation per prompt
 """
 
@@ -37,41 +37,36 @@ def load_run(run_dir: str | Path, *, step: int | None = None, device: str | torc
     return model.to(device).eval(), cfg, ckpts[-1]
 
 
-def load_tokenizer(path: str | Path, bos_id: int, vocab_size: int):
-    """A ``PreTrainedTokenizerFast`` from a tokenizer.json or HF tokenizer dir, with bos = eos = pad = the token
-    ``bos_id``, bos prepended to each text, left padding (what ``generate`` needs)."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+def load_tokenizer(path: str | Path, bos_id: int, vocab_size: int, text_escape: str = "none"):
+    """A ``FoXTokenizerFast`` (``models/hf_tokenizer.py``) from a tokenizer.json or HF tokenizer dir, with bos = eos
+    = pad = the token ``bos_id``, bos prepended to each text, left padding (what ``generate`` needs), and the model's
+    ``text_escape`` (``json``: texts are JSON-escaped before BPE and unescaped after decoding); a tokenizer dir that
+    records another escape is refused."""
+    from forgetting_transformer.models.hf_tokenizer import fox_tokenizer
 
-    path = Path(path)
-    if path.is_dir():
-        base = AutoTokenizer.from_pretrained(str(path))
-        token = base.convert_ids_to_tokens(bos_id)
-        tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token=token, eos_token=token,
-                                      pad_token=token, add_bos_token=True, padding_side="left")
-    elif path.is_file():
-        from tokenizers import Tokenizer
-
-        token = Tokenizer.from_file(str(path)).id_to_token(bos_id)
-        if token is None:
-            raise ValueError(f"{path} has no token with id data.bos_id={bos_id}")
-        tok = PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=token, eos_token=token, pad_token=token,
-                                      add_bos_token=True, padding_side="left")
-    else:
-        raise FileNotFoundError(f"tokenizer {path} not found")
+    tok = fox_tokenizer(path, bos_id=bos_id, text_escape=text_escape)
     if len(tok) > vocab_size:
         raise ValueError(f"tokenizer {path} has {len(tok)} tokens but the model only {vocab_size}")
     return tok
 
 
+def run_text_escape(cfg) -> str:
+    """The text escape a run's model reads: ``data.text_escape`` of its config (``none`` when the config has no such
+    key, as those of runs from before it)."""
+    from forgetting_transformer.data.tokenizer import text_escape_name
+
+    return text_escape_name(OmegaConf.select(cfg, "data.text_escape", default="none"), "data.text_escape")
+
+
 def run_tokenizer(cfg, tokenizer: str | Path | None = None):
-    """The tokenizer of a training run: ``tokenizer`` if given, else the run's ``data_dir/tokenizer.json``.
-    Returns ``(tokenizer, path)``."""
+    """The tokenizer of a training run, with its ``data.text_escape``: ``tokenizer`` if given, else the run's
+    ``data_dir/tokenizer.json``. Returns ``(tokenizer, path)``."""
     path = Path(tokenizer) if tokenizer is not None else Path(cfg.data.data_dir) / "tokenizer.json"
     if tokenizer is None and not path.is_file():
         raise FileNotFoundError(
             f"the run's data dir has no tokenizer.json ({path}; e.g. GPT-2 LongCrawl64): pass --tokenizer PATH "
             f"(a tokenizer.json or a Hugging Face tokenizer directory, e.g. a local copy of gpt2)")
-    return load_tokenizer(path, int(cfg.data.bos_id), int(cfg.model.vocab_size)), path
+    return load_tokenizer(path, int(cfg.data.bos_id), int(cfg.model.vocab_size), run_text_escape(cfg)), path
 
 
 def to_hf(model, cfg):
@@ -94,7 +89,8 @@ def load_model_and_tokenizer(path: str | Path, *, step: int | None = None, token
                              device: str | torch.device = "cpu"):
     """A run directory written by train.py (``config.yaml`` + checkpoints) or a Hugging Face directory written by
     ``scripts/export_hf.py`` → ``(FoXForCausalLM in eval mode, tokenizer, info)``; ``info`` has ``name``,
-    ``train_len`` (None when unknown) and ``source``."""
+    ``train_len`` (None when unknown) and ``source``. The tokenizer applies the model's text escape
+    (``model_text_escape``), also when ``tokenizer`` overrides the model's own."""
     path = Path(path)
     if (path / "config.yaml").is_file():
         model, cfg, ckpt = load_run(path, step=step, device=device)
@@ -105,9 +101,32 @@ def load_model_and_tokenizer(path: str | Path, *, step: int | None = None, token
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(str(path)).to(device).eval()
-        tok = AutoTokenizer.from_pretrained(str(tokenizer or path))
+        if tokenizer is None:
+            tok = AutoTokenizer.from_pretrained(str(path))  # FoXTokenizerFast, with the escape it records
+        else:
+            tok = _override_tokenizer(model, path, tokenizer)
         return model, tok, {"name": model.config.name, "train_len": None, "source": str(path)}
     raise FileNotFoundError(f"{path}: neither a training run (config.yaml) nor a Hugging Face directory (config.json)")
+
+
+def _override_tokenizer(model, path: Path, tokenizer: str | Path):
+    """``--tokenizer`` for a Hugging Face dir: read with the dir's bos id and text escape."""
+    bos = model.generation_config.bos_token_id
+    if bos is None:
+        raise ValueError(f"{path}/generation_config.json has no bos_token_id, which --tokenizer {tokenizer} needs")
+    return load_tokenizer(tokenizer, int(bos), int(model.config.vocab_size), model_text_escape(path))
+
+
+def model_text_escape(path: str | Path) -> str:
+    """The text escape the model at ``path`` reads: a run dir's ``data.text_escape`` (``run_text_escape``), a Hugging
+    Face dir's ``text_escape`` in tokenizer_config.json (``none`` when it records none, as exports from before the
+    key)."""
+    path = Path(path)
+    if (path / "config.yaml").is_file():
+        return run_text_escape(OmegaConf.load(path / "config.yaml"))
+    from forgetting_transformer.models.hf_tokenizer import saved_text_escape
+
+    return saved_text_escape(path) or "none"
 
 
 def model_tokenizer_file(path: str | Path) -> Path | None:
@@ -122,20 +141,30 @@ def model_tokenizer_file(path: str | Path) -> Path | None:
 
 
 def check_same_tokenizer(model_path: str | Path, data_dir: str | Path) -> str | None:
-    """Refuse data tokenized differently from the model: the fingerprints (``tokenizer_fingerprint``) of the
-    model's tokenizer and the data dir's tokenizer.json must agree; the error names both. Returns the fingerprint
-    (None when either side has no tokenizer.json to compare)."""
+    """Refuse data tokenized differently from the model: the text escape the data dir's meta.json records must be
+    the model's (``model_text_escape``), and the fingerprints (``tokenizer_fingerprint``, escape included) of the
+    model's tokenizer and the data dir's tokenizer.json must agree; each error names both sides. A data dir without
+    meta.json records no escape (a LongCrawl64 download): its escape is not checked, only its tokenizer.json if
+    any. Returns the fingerprint (None when either side has no tokenizer.json to compare)."""
+    from forgetting_transformer.data.longcrawl64 import data_text_escape
     from forgetting_transformer.data.prepare import tokenizer_fingerprint
 
+    mode, data_mode = model_text_escape(model_path), data_text_escape(data_dir)
+    if data_mode is not None and data_mode != mode:
+        raise ValueError(f"{data_dir} holds text escaped with text_escape={data_mode} (its meta.json) but the model "
+                         f"{model_path} reads text_escape={mode}; token ids would mean different text. Convert the "
+                         f"data as the model's was: scripts/prepare_corpus.py ... --text-escape {mode}")
     model_tok, data_tok = model_tokenizer_file(model_path), Path(data_dir) / "tokenizer.json"
     if model_tok is None or not data_tok.is_file():
         return None
-    a, b = tokenizer_fingerprint(model_tok), tokenizer_fingerprint(data_tok)
+    # the data's escape is the model's here, or the data records none
+    a, b = tokenizer_fingerprint(model_tok, mode), tokenizer_fingerprint(data_tok, mode)
     if a != b:
+        escape_flag = f" --text-escape {mode}" if mode != "none" else ""
         raise ValueError(f"{data_dir} was tokenized with another tokenizer than the model {model_path}: "
                          f"{data_tok} (fingerprint {b}) vs {model_tok} (fingerprint {a}); token ids would mean "
                          "different text. Convert the data with the model's tokenizer: scripts/prepare_corpus.py "
-                         f"... --tokenizer {model_tok}")
+                         f"... --tokenizer {model_tok}{escape_flag}")
     return a
 
 

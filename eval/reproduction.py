@@ -5,7 +5,7 @@
     python scripts/make_tables.py --table books --inputs results/books  # the tables alone
 
 ``render_tables(out)`` returns ``{name: markdown}`` for the sections of docs/reproduction.md (``sweep``, ``claim1``,
-``claim2``, ``claim3``, ``claim4``, ``claim5``, ``claim6``, ``path``, ``runs``); a claim whose runs are missing says which.
+``claim2``, ``claim3``, ``claim4``, ``claim5``, ``claim6``, ``path``, ``released``, ``runs``); a claim whose runs are missing says which.
 """
 
 from __future__ import annotations
@@ -269,6 +269,71 @@ def claim6_table(runs: list[RunResult]) -> str:
             + "\n\nScore 1 (no key word of the answer) to 10 (all of them), mean over depths.")
 
 
+# The released definition (part "released"): per-head output norm and QK-norm eps 1e-5, at the families' picks
+RELEASED = (("fox_pro_released", "fox", "FoX (Pro)"), ("transformer_pro_released", "transformer", "Transformer (Pro)"),
+            ("fox_pro_released_no_kv_shift", "fox", "FoX (Pro) − KV-shift"))
+# (label, baseline label, the sign of label − baseline the paper reports or None, name); the last three compare
+# with the earlier definition's runs (output norm shared across heads, QK-norm eps 1e-6) at equal seeds
+RELEASED_PAIRS = (("transformer_pro_released", "fox_pro_released", +1, "Transformer (Pro) − FoX (Pro)"),
+                  ("fox_pro_released_no_kv_shift", "fox_pro_released", +1, "FoX (Pro) − KV-shift − FoX (Pro)"),
+                  ("fox_pro_released", "fox_pro", None, "FoX (Pro): released − earlier definition"),
+                  ("transformer_pro_released", "transformer_pro", None,
+                   "Transformer (Pro): released − earlier definition"),
+                  ("fox_pro_released_no_kv_shift", "fox_pro_no_kv_shift", None,
+                   "FoX (Pro) − KV-shift: released − earlier definition"))
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)  # Student t, 97.5%, df 1..10
+
+
+def paired_interval(diffs: list[float]) -> tuple[float, float, float] | None:
+    """Mean of paired differences and its 95% t interval (None for fewer than two pairs)."""
+    n = len(diffs)
+    if n < 2 or n - 1 > len(T_975):
+        return None
+    mean = float(np.mean(diffs))
+    half = T_975[n - 2] * float(np.std(diffs, ddof=1)) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def verdict(interval: tuple[float, float, float] | None, paper_sign: int | None) -> str:
+    """``reproduced`` / ``contradicts the paper`` when the interval excludes zero, else ``inconclusive``; without
+    a claim of the paper (``paper_sign`` None): ``differs`` / ``inconclusive``."""
+    if paper_sign is None:
+        excludes = interval is not None and (interval[1] > 0 or interval[2] < 0)
+        return "differs" if excludes else "inconclusive" if interval else "– (fewer than two seeds)"
+    if interval is None:
+        return "inconclusive (fewer than two seeds)"
+    _, lo, hi = interval
+    if lo > 0 or hi < 0:
+        return "reproduced" if (1 if lo > 0 else -1) == paper_sign else "contradicts the paper"
+    return "inconclusive"
+
+
+def released_table(runs: list[RunResult]) -> str:
+    """Held-out loss per seed of the released-definition runs, and the paired differences with 95% intervals."""
+    pick = picks(runs)
+    by = {label: {r.seed: r.heldout for r in primary(runs, label, family, pick)} for label, family, _ in RELEASED}
+    seeds = sorted(set().union(*by.values()))
+    for label, family in (("fox_pro", "fox"), ("transformer_pro", "transformer"), ("fox_pro_no_kv_shift", "fox")):
+        by[label] = {r.seed: r.heldout for r in primary(runs, label, family, pick)}
+    if not seeds:
+        return "Not run yet: `--parts released`."
+    rows = [[str(seed), *(_fmt(by[label].get(seed)) for label, _, _ in RELEASED)] for seed in seeds]
+    rows.append(["mean", *(_fmt(float(np.mean(list(by[label].values()))) if by[label] else None)
+                           for label, _, _ in RELEASED)])
+    text = _table(["seed", *(f"{name} (lr {pick.get(family, float('nan')):g})" for _, family, name in RELEASED)],
+                  rows)
+    diff_rows = []
+    for label, base, sign, name in RELEASED_PAIRS:
+        common = sorted(set(by[label]) & set(by[base]))
+        diffs = [by[label][s] - by[base][s] for s in common]
+        ci = paired_interval(diffs)
+        diff_rows.append([name, ", ".join(f"{d:+.4f}" for d in diffs),
+                          f"{ci[0]:+.4f} [{ci[1]:+.4f}, {ci[2]:+.4f}]" if ci else "–",
+                          {None: "–", 1: "higher", -1: "lower"}[sign], verdict(ci, sign)])
+    return text + "\n\n" + _table(["paired difference (nats/token)", "per seed", "mean [95% interval]",
+                                   "paper: first is", "verdict"], diff_rows, "lllll")
+
+
 # The PaTH comparison: each model's position information, at its family's pick (PaTH at FoX (Pro)'s)
 PATH_ROWS = (("transformer_pro", "transformer", "RoPE"), ("fox_pro", "fox", "forget gate"),
              ("path_pro", "fox", "PaTH"), ("path_fox_pro", "fox", "PaTH + forget gate"))
@@ -307,7 +372,7 @@ def render_tables(out) -> dict[str, str]:
     return {"sweep": sweep_table(runs), "claim1": claim1_table(runs),
             "claim2": claim2_table(runs) + "\n\n" + claim2_gap_table(runs), "claim3": claim3_table(runs),
             "claim4": claim4_table(runs), "claim5": claim5_table(runs), "claim6": claim6_table(runs),
-            "path": path_table(runs), "runs": runs_table(runs)}
+            "path": path_table(runs), "released": released_table(runs), "runs": runs_table(runs)}
 
 
 def write_plots(out, image_dir) -> list[Path]:

@@ -160,6 +160,14 @@ class FlaConfig(ModelConfig):
     mamba_mlp_hidden_ratio: float = 2.0
 
 
+class TextEscape(StrEnum):
+    """``data.text_escape``: the escape applied to each document's text before it was tokenized
+    (``forgetting_transformer.data.tokenizer.TEXT_ESCAPES``); evaluations and generation apply it to their text."""
+
+    none = "none"  # the text as it is
+    json = "json"  # json.dumps(text)[1:-1]: a newline is the two characters \n (LongCrawl64)
+
+
 @dataclass
 class PrepareConfig:
     """How the embedded corpus (or another local corpus) is turned into the LongCrawl64 layout on first use."""
@@ -183,6 +191,7 @@ class DataConfig:
     shuffle: bool = True
     skip_zero_rows: bool = False  # true: skip (and count) train sequences of all-zero rows instead of refusing them
     prepare: Optional[PrepareConfig] = None  # set: build data_dir from a corpus on first run (idempotent)
+    text_escape: TextEscape = TextEscape.none  # how the text was escaped before tokenizing (json: LongCrawl64)
 
 
 class OptimName(StrEnum):
@@ -235,6 +244,13 @@ class ActivationCheckpointing(StrEnum):
     selective = "selective"  # every ac_every-th block
 
 
+class FsdpPrecision(StrEnum):
+    """How FSDP runs in bf16 (strategy.mixed_precision on; in fp32 both compute the same)."""
+
+    autocast = "autocast"  # fp32 parameters under bf16 autocast, as single and ddp (the official FoX training)
+    bf16_params = "bf16_params"  # FSDP2 casts the parameters to bf16: bf16 all-gathers, bf16 residual stream
+
+
 @dataclass
 class StrategyConfig:
     name: StrategyName = StrategyName.single
@@ -249,9 +265,12 @@ class StrategyConfig:
     # model.attention.deterministic=true asks for the attention's deterministic backward alone.
     deterministic: bool = False
     # fsdp only: false keeps each block's gathered parameters from its forward to its backward (one all-gather
-    # per block per step instead of two, for the memory of the unsharded bf16 parameters)
+    # per block per step instead of two, for the memory of the unsharded parameters)
     reshard_after_forward: bool = True
     fsdp_prefetch: int = 0  # fsdp only: >0: each block starts the next N blocks' all-gathers (0: FSDP2's default)
+    # fsdp only: how bf16 is computed, autocast or bf16_params (configs/strategy/fsdp.yaml's default); single and
+    # ddp always autocast, so they take this default alone
+    fsdp_precision: FsdpPrecision = FsdpPrecision.autocast
 
 
 class NonFinite(StrEnum):
@@ -441,8 +460,9 @@ def validate(cfg) -> None:
     _require(0 <= s.min_lr_ratio <= 1, "schedule.min_lr_ratio", s.min_lr_ratio, "must be in [0, 1]")
     _require(st.ac_every > 0, "strategy.ac_every", st.ac_every, "must be > 0")
     _require(st.fsdp_prefetch >= 0, "strategy.fsdp_prefetch", st.fsdp_prefetch, "must be >= 0")
-    for key, default in (("fsdp_prefetch", 0), ("reshard_after_forward", True)):
-        _require(st.name == StrategyName.fsdp or st[key] == default, f"strategy.{key}", st[key],
+    plain = OmegaConf.to_container(st, enum_to_str=True)  # an Enum's value reads as its name in the message
+    for key, default in (("fsdp_prefetch", 0), ("reshard_after_forward", True), ("fsdp_precision", "autocast")):
+        _require(st.name == StrategyName.fsdp or plain[key] == default, f"strategy.{key}", plain[key],
                  f"only applies to strategy.name=fsdp (got strategy.name={st.name})")
     _require(t.micro_batch_size > 0, "train.micro_batch_size", t.micro_batch_size, "must be > 0")
     _require(t.batch_size > 0 and t.batch_size % t.micro_batch_size == 0, "train.batch_size", t.batch_size,

@@ -3,14 +3,16 @@
 
     python scripts/bench_train.py                                   # one GPU
     torchrun --nproc_per_node=2 scripts/bench_train.py --strategy fsdp
+    torchrun --nproc_per_node=2 scripts/bench_train.py --strategy fsdp --fsdp-precision autocast
     python scripts/bench_train.py --models fox_pro transformer_pro --sizes 125m 760m --seq-len 16384 \
         --write outputs/bench_train.md
 
 Each configuration is the repo's config tree (``model=<m> model/size=<s>``) with random GPT-2-vocabulary tokens,
 bf16, the given strategy, ``--micro-batch`` sequences per GPU per step; the first ``--warmup`` steps are not
-timed. FLOPs per token follow train.py (PaLM's 6N + 12·L·H·Q·T); MFU uses the device's dense bf16 peak. PaTH
-models (``--models path_fox_pro fox_pro``) are counted as softmax attention: the Householder products are not,
-so their MFU is a lower bound.
+timed. bf16 is autocast for single and ddp; FSDP's is ``strategy.fsdp_precision`` (``--fsdp-precision``; default:
+configs/strategy/fsdp.yaml's), named in the table's heading. FLOPs per token follow train.py (PaLM's 6N +
+12·L·H·Q·T); MFU uses the device's dense bf16 peak. PaTH models (``--models path_fox_pro fox_pro``) are counted
+as softmax attention: the Householder products are not, so their MFU is a lower bound.
 ``--sdpa`` pins the backend of ``F.scaled_dot_product_attention`` (the Transformer models' attention; PyTorch's
 default on Hopper is cuDNN for these shapes) by turning the others off for the whole process (an
 ``sdpa_kernel`` context around the steps does not reach the compiled graphs: they kept cuDNN); the table's
@@ -50,7 +52,9 @@ def bench(model_name, size, a, dist):
                                            "data.data_dir=unused", f"data.seq_len={a.seq_len}",
                                            f"strategy={a.strategy}", "strategy.mixed_precision=bf16",
                                            f"strategy.activation_checkpointing={a.ac}",
-                                           f"strategy.compile={str(a.compile).lower()}", *a.override])
+                                           f"strategy.compile={str(a.compile).lower()}",
+                                           *([f"strategy.fsdp_precision={a.fsdp_precision}"] if a.fsdp_precision
+                                             else []), *a.override])
     validate(cfg)
     with torch.device("meta"):  # as in train.py: parallelize() allocates and initialises
         model = build_model(cfg.model)
@@ -102,7 +106,7 @@ def bench(model_name, size, a, dist):
     return dict(model=model_name, size=size, attention=attention, tok_s=tok_s_dev * dist.world_size,
                 tok_s_dev=tok_s_dev, tflops=tok_s_dev * fpt / 1e12,
                 mfu=tok_s_dev * fpt / peak if peak else float("nan"), mem=peak_memory_gib(dist.device),
-                loss=loss.item())
+                loss=loss.item(), precision="autocast" if autocast else "bf16_params")
 
 
 def _pin_sdpa(name):
@@ -137,6 +141,8 @@ def main(argv=None) -> None:
     p.add_argument("--strategy", default="single", choices=["single", "ddp", "fsdp"])
     p.add_argument("--ac", default="none", choices=["none", "full", "selective"])
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--fsdp-precision", choices=["bf16_params", "autocast"],
+                   help="strategy.fsdp_precision with --strategy fsdp (default: configs/strategy/fsdp.yaml's)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides")
@@ -152,7 +158,8 @@ def main(argv=None) -> None:
     if dist.is_main:
         head = (f"{torch.cuda.get_device_name()} x {dist.world_size}, torch {torch.__version__}, "
                 f"Python {platform.python_version()}; strategy {a.strategy}, AC {a.ac}, compile {a.compile}, "
-                f"seq_len {a.seq_len}, micro-batch {a.micro_batch}/GPU, bf16, {a.steps} timed steps")
+                f"seq_len {a.seq_len}, micro-batch {a.micro_batch}/GPU, bf16 ({rows[0]['precision']}), "
+                f"{a.steps} timed steps")
         lines = [head, "", "| model | size | attention | tokens/s | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |",
                  "|---|---|---|---:|---:|---:|---:|---:|"]
         for r in rows:

@@ -270,7 +270,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     docs, problems = _documents(data_dir)
-    keys = ", ".join(f"{k}={meta[k]}" for k in ("vocab_size", "bos_id", "doc_len", "dtype") if k in meta)
+    keys = ", ".join(f"{k}={meta[k]}" for k in ("vocab_size", "bos_id", "doc_len", "dtype", "text_escape") if k in meta)
     print(f"data dir: {data_dir}  (meta.json: {keys or 'none'})")
     if a.vocab_size is not None and "vocab_size" in meta and int(meta["vocab_size"]) != a.vocab_size:
         problems.append(f"--vocab-size={a.vocab_size} but meta.json says vocab_size={meta['vocab_size']}")

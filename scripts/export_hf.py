@@ -5,7 +5,9 @@
 The tokenizer is the run's ``data_dir/tokenizer.json`` (written by forgetting_transformer.data.prepare) unless
 ``--tokenizer`` names a tokenizer.json or a Hugging Face tokenizer directory (needed for data dirs without one,
 e.g. GPT-2-tokenised LongCrawl64). The token with id ``data.bos_id`` becomes bos, eos and pad, and the tokenizer
-prepends bos to every text, as the training data reader does. Load with::
+prepends bos to every text, as the training data reader does. It is a ``FoXTokenizerFast`` that records the run's
+``data.text_escape`` in tokenizer_config.json (``json`` for LongCrawl64: texts are JSON-escaped before BPE and
+unescaped after decoding). Load with::
 
     import forgetting_transformer.models.hf  # registers the model type with the Auto classes
     model = AutoModelForCausalLM.from_pretrained(OUT_DIR); tokenizer = AutoTokenizer.from_pretrained(OUT_DIR)
@@ -25,14 +27,15 @@ if str(ROOT) not in sys.path:
 def export(run_dir, out_dir, *, step: int | None = None, tokenizer: str | Path | None = None) -> Path:
     """Write ``out_dir`` (config, safetensors weights, generation config, tokenizer); return it."""
     from eval.common import load_run, run_tokenizer, to_hf
+    from forgetting_transformer.models.hf_tokenizer import save_tokenizer
 
     model, cfg, ckpt = load_run(run_dir, step=step)
-    tok, tok_path = run_tokenizer(cfg, tokenizer)
+    tok, tok_path = run_tokenizer(cfg, tokenizer)  # checked against the model before anything is written
     hf = to_hf(model, cfg)
     out_dir = Path(out_dir)
     hf.eval().save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    print(f"exported {ckpt} ({cfg.model.name}) with tokenizer {tok_path} to {out_dir}")
+    save_tokenizer(tok, out_dir, bos_id=int(cfg.data.bos_id), text_escape=tok.text_escape)
+    print(f"exported {ckpt} ({cfg.model.name}) with tokenizer {tok_path} (text_escape={tok.text_escape}) to {out_dir}")
     return out_dir
 
 

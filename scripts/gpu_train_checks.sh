@@ -2,6 +2,9 @@
 # GPU checks of the training stack in one command; outputs under $OUT (else outputs/gpu_train).
 #   bash scripts/gpu_train_checks.sh single   # one GPU: train.py end to end (bf16), bench_train.py 125M/760M at 16k
 #   bash scripts/gpu_train_checks.sh multi    # two GPUs: FSDP 1 vs 2 ranks (same global batch), FSDP throughput
+#   bash scripts/gpu_train_checks.sh precision  # every GPU (NGPU=N: the first N): FSDP tokens/s and peak memory of
+#                                             # compiled FoX (Pro) 760M at 16k, strategy.fsdp_precision=bf16_params
+#                                             # then autocast
 # Hydra, omegaconf, antlr4 and zarr must be importable (on a machine without network access: install wheels first).
 set -uo pipefail
 OUTDIR=${OUT:-outputs/gpu_train}
@@ -30,6 +33,14 @@ PY
     for n in 1 2; do
       torchrun --standalone --nproc_per_node=$n scripts/bench_train.py --strategy fsdp --sizes 125m 760m \
         --seq-len 16384 --write "$OUTDIR/bench_train_fsdp.md" 2>&1 | tee -a "$OUTDIR/bench_train_fsdp.log"
+    done
+    ;;
+  precision)
+    n=${NGPU:-$(nvidia-smi -L | wc -l)}
+    for p in bf16_params autocast; do  # a process each: each peak memory is its own
+      torchrun --standalone --nproc_per_node="$n" scripts/bench_train.py --strategy fsdp --fsdp-precision $p \
+        --models fox_pro --sizes 760m --seq-len 16384 --compile --write "$OUTDIR/bench_fsdp_precision.md" 2>&1 \
+        | tee -a "$OUTDIR/bench_fsdp_precision.log"
     done
     ;;
 esac

@@ -7,6 +7,7 @@ Examples (from the repo root):
     python scripts/prepare_corpus.py books/ more.jsonl.xz --out data/mine --vocab-size 8192
     python scripts/prepare_corpus.py corpus.jsonl --out data/gpt2 --tokenizer gpt2 --doc-len 8192
     python scripts/prepare_corpus.py train-00.jsonl.xz --heldout validation.jsonl.xz --out data/books
+    python scripts/prepare_corpus.py web.jsonl --out data/lc64_style --tokenizer gpt2 --text-escape json
 
 The build is idempotent: rerunning with the same settings and unchanged inputs returns at
 once; changed settings rebuild into a temporary directory that is renamed into place.
@@ -29,6 +30,7 @@ from forgetting_transformer.data.prepare import (  # noqa: E402
     format_summary,
     unigram_entropy,
 )
+from forgetting_transformer.data.tokenizer import TEXT_ESCAPES  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -57,6 +59,9 @@ def main(argv=None) -> int:
     p.add_argument("--hf-dataset", default=None,
                    help="also stream documents from this Hugging Face dataset (needs `pip install datasets`)")
     p.add_argument("--hf-split", default="train", help="split for --hf-dataset (default 'train')")
+    p.add_argument("--text-escape", choices=TEXT_ESCAPES, default="none",
+                   help="escape each document before tokenizing: 'json' tokenizes json.dumps(text)[1:-1], as "
+                        "LongCrawl64 was (train with data.text_escape=json); default 'none'")
     p.add_argument("--seed", type=int, default=0, help="seed of the document shuffle (default 0)")
     p.add_argument("--force", action="store_true", help="rebuild even if up to date")
     p.add_argument("--quiet", action="store_true",
@@ -71,7 +76,8 @@ def main(argv=None) -> int:
             a.out, inputs=inputs, tokenizer=a.tokenizer, vocab_size=a.vocab_size, doc_len=a.doc_len,
             min_doc_tokens=a.min_doc_tokens, heldout_docs=a.heldout_docs, text_key=a.text_key,
             strip_gutenberg=not a.no_strip_gutenberg, max_docs=a.max_docs, hf_dataset=a.hf_dataset,
-            hf_split=a.hf_split, seed=a.seed, heldout_inputs=a.heldout, progress=not a.quiet, force=a.force,
+            hf_split=a.hf_split, seed=a.seed, heldout_inputs=a.heldout, text_escape=a.text_escape,
+            progress=not a.quiet, force=a.force,
             summary=False,  # printed below, on stdout, whether built now or found up to date
         )
     except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:

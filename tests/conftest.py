@@ -49,11 +49,13 @@ def markov_data_dir(tmp_path_factory):
 
 def _train_on_prepared_data(out, data_dir, meta: dict, *overrides: str):
     """Runs train.py (4-sequence batches, one held-out batch, no per-token loss) on a data dir written by
-    ``prepare_corpus`` (``meta``: its returned metadata) with the given overrides; returns ``out``."""
+    ``prepare_corpus`` (``meta``: its returned metadata, whose vocab_size, bos_id and text_escape, default none,
+    the run takes) with the given overrides; returns ``out``."""
     import subprocess
 
     cmd = [sys.executable, str(ROOT / "train.py"), f"output_dir={out}", "data=longcrawl64", f"data.data_dir={data_dir}",
-           f"data.vocab_size={meta['vocab_size']}", f"data.bos_id={meta['bos_id']}", "train.batch_size=4",
+           f"data.vocab_size={meta['vocab_size']}", f"data.bos_id={meta['bos_id']}",
+           f"data.text_escape={meta.get('text_escape', 'none')}", "train.batch_size=4",
            "train.micro_batch_size=4", "eval.heldout_batches=1", "eval.per_token_loss=false", *overrides]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -4,10 +4,10 @@ Format
 ------
 A data directory ``data_dir`` holds ``train.zarr`` and ``heldout.zarr``. Each is a
 2-D zarr array ``(num_docs, doc_len)`` of integer token ids (the real LongCrawl64:
-``doc_len = 65536``, GPT-2 ids, vocab 50257, BOS 50256, usually ``uint16``; zarr v2
-or v3 format). ``data_dir/meta.json`` is optional; our converter
+``doc_len = 65536``, GPT-2 ids of JSON-escaped text, vocab 50257, BOS 50256, usually ``uint16``;
+zarr v2 or v3 format). ``data_dir/meta.json`` is optional; our converter
 (:mod:`forgetting_transformer.data.prepare`) writes it with at least
-``vocab_size``, ``bos_id``, ``doc_len`` and ``tokenizer``.
+``vocab_size``, ``bos_id``, ``doc_len``, ``tokenizer`` and ``text_escape``.
 
 Training sequences
 ------------------
@@ -51,8 +51,9 @@ import numpy as np
 import torch
 
 from .integrity import ChunkLayout, DataIntegrityError, missing_chunks_error, read_block
+from .tokenizer import text_escape_name
 
-__all__ = ["LongCrawl64Dataset", "read_rows", "load_meta", "open_token_array", "ChunkLayout",
+__all__ = ["LongCrawl64Dataset", "read_rows", "load_meta", "data_text_escape", "open_token_array", "ChunkLayout",
            "DataIntegrityError", "read_block"]
 
 _PREPARE_HINT = (
@@ -80,8 +81,18 @@ def load_meta(data_dir) -> dict | None:
     return meta
 
 
-def _check_vocab(path: Path, vocab_size: int, bos_id: int) -> None:
-    """Validate vocab_size/bos_id against each other and against meta.json beside ``path``."""
+def data_text_escape(data_dir) -> str | None:
+    """The text escape the tokens of ``data_dir`` were written with: meta.json's ``text_escape`` (``"none"`` for a
+    meta.json written before the key existed, when the converter did not escape), or None without a meta.json
+    (a LongCrawl64 download: the data config says what it holds)."""
+    meta = load_meta(data_dir)
+    if meta is None:
+        return None
+    return text_escape_name(meta.get("text_escape", "none"), f"{Path(data_dir) / 'meta.json'}: text_escape")
+
+
+def _check_vocab(path: Path, vocab_size: int, bos_id: int, text_escape: str | None = None) -> None:
+    """Validate vocab_size/bos_id against each other and, with text_escape, against meta.json beside ``path``."""
     if not isinstance(vocab_size, (int, np.integer)) or vocab_size <= 0:
         raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
     meta_path = path.parent / "meta.json"
@@ -97,6 +108,13 @@ def _check_vocab(path: Path, vocab_size: int, bos_id: int) -> None:
         raise ValueError(
             f"bos_id={bos_id!r} must satisfy 0 <= bos_id < vocab_size={vocab_size}"
         )
+    recorded = data_text_escape(path.parent)
+    if text_escape is not None and recorded is not None and recorded != text_escape_name(text_escape):
+        raise ValueError(
+            f"{meta_path} says text_escape={recorded} but the reader for {path} was given "
+            f"text_escape={text_escape_name(text_escape)}; set data.text_escape={recorded} (the escape the "
+            f"tokens were written with) or rebuild the data with scripts/prepare_corpus.py --text-escape "
+            f"{text_escape_name(text_escape)}")
 
 
 # --------------------------------------------------------------------------- integrity
@@ -261,11 +279,15 @@ class LongCrawl64Dataset:
     ``zero_rows_found`` the distinct rows. Without zero rows the batches are the same as in the
     default mode; with them the ranks' positions drift apart, so each rank must resume from its
     own :meth:`state_dict`.
+
+    ``vocab_size`` and ``bos_id`` must agree with meta.json when there is one, and so must ``text_escape``
+    (``"none"`` or ``"json"``, the ``data.text_escape`` the caller expects) when given; a data dir without
+    meta.json (a LongCrawl64 download) is taken at the caller's word.
     """
 
     def __init__(self, path, seq_len: int, batch_size: int, *, rank: int = 0, world_size: int = 1,
                  vocab_size: int = 50257, bos_id: int = 50256, shuffle: bool = True, seed: int = 0,
-                 skip_zero_rows: bool = False):
+                 skip_zero_rows: bool = False, text_escape: str | None = None):
         self.path = Path(path)
         for name, v in (("seq_len", seq_len), ("batch_size", batch_size)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
@@ -286,7 +308,7 @@ class LongCrawl64Dataset:
 
         self._arr = open_token_array(self.path)
         self._layout = ChunkLayout(self._arr, self.path)
-        _check_vocab(self.path, vocab_size, bos_id)
+        _check_vocab(self.path, vocab_size, bos_id, text_escape)
         self.num_rows, self.doc_len = (int(x) for x in self._arr.shape)
         if self.doc_len % self.seq_len != 0:
             raise ValueError(
@@ -489,18 +511,19 @@ class LongCrawl64Dataset:
 # --------------------------------------------------------------------------- evaluation
 
 
-def read_rows(path, rows, length: int, *, bos_id: int = 50256,
-              vocab_size: int = 50257) -> tuple[torch.Tensor, torch.Tensor]:
+def read_rows(path, rows, length: int, *, bos_id: int = 50256, vocab_size: int = 50257,
+              text_escape: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``length`` tokens of each given row, for evaluation.
 
     Returns ``(inputs, labels)`` int64 tensors of shape ``(len(rows), length)`` with
     ``labels = row[:length]`` and ``inputs = [bos_id, row[0], ..., row[length-2]]``.
     ``length`` may exceed the training ``seq_len`` but not ``doc_len``. A requested row that is
-    entirely token id 0 raises :class:`DataIntegrityError` (there is no skipping here).
+    entirely token id 0 raises :class:`DataIntegrityError` (there is no skipping here). ``text_escape`` is
+    checked against meta.json as in :class:`LongCrawl64Dataset`.
     """
     path = Path(path)
     arr = open_token_array(path)
-    _check_vocab(path, vocab_size, bos_id)
+    _check_vocab(path, vocab_size, bos_id, text_escape)
     num_rows, doc_len = (int(x) for x in arr.shape)
     if not isinstance(length, (int, np.integer)) or not (0 < length <= doc_len):
         raise ValueError(f"{path}: length must satisfy 0 < length <= doc_len={doc_len}, got {length!r}")

@@ -5,10 +5,11 @@ Output layout (``out_dir``)::
     train.zarr       (num_train_rows, doc_len)   uint16 if vocab_size <= 65535 else uint32
     heldout.zarr     (num_heldout_rows, doc_len)
     tokenizer.json   the tokenizer the ids come from
-    meta.json        vocab_size, bos_id, doc_len, tokenizer, row/token/drop counts, settings
+    meta.json        vocab_size, bos_id, doc_len, tokenizer, text_escape, row/token/drop counts, settings
     documents.jsonl  one line per input document: split, source, tokens, first_row, rows, dropped
 
-Each document is tokenized on its own and cut into consecutive rows of ``doc_len`` tokens;
+Each document is tokenized on its own (after the ``text_escape`` of ``tokenizer.py``: ``json`` tokenizes the
+JSON-escaped text, as LongCrawl64 was) and cut into consecutive rows of ``doc_len`` tokens;
 the final partial row is dropped and documents shorter than ``min_doc_tokens`` are dropped.
 Both are counted in ``meta.json`` and the printed summary. No BOS token is stored: the reader
 puts ``bos_id`` in front of every row.
@@ -35,7 +36,7 @@ import numpy as np
 
 from .documents import (EMBEDDED_CORPUS, expand_inputs, iter_documents, read_corpus, split_documents,
                         strip_gutenberg_boilerplate)
-from .tokenizer import EOT, load_tokenizer, tokenizer_fingerprint, train_bpe
+from .tokenizer import EOT, escape_text, load_tokenizer, text_escape_name, tokenizer_fingerprint, train_bpe
 from .writer import format_summary, write_splits
 
 __all__ = [
@@ -82,7 +83,8 @@ def _fingerprint(inputs) -> list:
 
 
 def _settings(inputs, *, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, text_key,
-              strip_gutenberg, max_docs, hf_dataset, hf_split, seed, heldout_inputs=None) -> dict[str, Any]:
+              strip_gutenberg, max_docs, hf_dataset, hf_split, seed, heldout_inputs=None,
+              text_escape="none") -> dict[str, Any]:
     tok = tokenizer
     if tok not in ("train-bpe", "gpt2"):
         tok = str(Path(tok).resolve())
@@ -105,6 +107,8 @@ def _settings(inputs, *, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout
     if heldout_inputs:  # these files are the held-out split (heldout_docs unused); all of inputs is train
         settings["heldout_inputs"] = [_input_record(p) for p in heldout_inputs]
         settings["heldout_files"] = _fingerprint(heldout_inputs)
+    if text_escape_name(text_escape) != "none":  # only then: builds from before the option keep their settings
+        settings["text_escape"] = text_escape_name(text_escape)
     return settings
 
 
@@ -138,21 +142,25 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
                    doc_len: int = 2048, min_doc_tokens: int | None = None, heldout_docs: int = 2,
                    text_key: str = "text", strip_gutenberg: bool = True, max_docs: int | None = None,
                    hf_dataset: str | None = None, hf_split: str = "train", seed: int = 0,
-                   heldout_inputs=None, progress: bool = True, _print_summary: bool = True) -> dict:
+                   heldout_inputs=None, text_escape: str = "none", progress: bool = True,
+                   _print_summary: bool = True) -> dict:
     """Build a LongCrawl64-format directory at ``out_dir`` (which must not exist or be empty)
     and return its meta dict. Prefer :func:`ensure_prepared`, which is idempotent and atomic.
 
     The held-out split is ``heldout_docs`` documents drawn by a seeded shuffle, or, with
     ``heldout_inputs`` (files or directories), exactly the documents of those files (then every
-    document of ``inputs`` is train: a corpus whose split is fixed, e.g. by author). With ``progress``,
-    each long step prints progress lines on stderr and the summary ends the build."""
+    document of ``inputs`` is train: a corpus whose split is fixed, e.g. by author). ``text_escape="json"``
+    escapes every document as LongCrawl64 did (``json.dumps(text)[1:-1]``) before the BPE is trained and the
+    documents tokenized; meta.json records the mode. With ``progress``, each long step prints progress lines on
+    stderr and the summary ends the build."""
     _validate_args(inputs, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, max_docs,
                    hf_dataset, heldout_inputs)
     settings = _settings(inputs, tokenizer=tokenizer, vocab_size=vocab_size, doc_len=doc_len,
                          min_doc_tokens=min_doc_tokens, heldout_docs=heldout_docs,
                          text_key=text_key, strip_gutenberg=strip_gutenberg, max_docs=max_docs,
                          hf_dataset=hf_dataset, hf_split=hf_split, seed=seed,
-                         heldout_inputs=heldout_inputs)
+                         heldout_inputs=heldout_inputs, text_escape=text_escape)
+    text_escape = text_escape_name(text_escape)
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise FileExistsError(
@@ -163,6 +171,8 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
                          max_docs=max_docs, strip_gutenberg=strip_gutenberg, progress=progress)
     split_docs = split_documents(corpus, heldout_docs=heldout_docs, seed=seed, inputs=inputs,
                                  heldout_inputs=heldout_inputs)
+    for i, text in enumerate(corpus.texts):  # in place: one copy of the corpus in memory
+        corpus.texts[i] = escape_text(text, text_escape)
 
     # the tokenizer learns from the train split only
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -186,7 +196,8 @@ def prepare_corpus(inputs, out_dir, *, tokenizer: str = "train-bpe", vocab_size:
         "bos_id": int(bos_id),
         "doc_len": settings["doc_len"],
         "tokenizer": "tokenizer.json",
-        "tokenizer_fingerprint": tokenizer_fingerprint(out_dir / "tokenizer.json"),
+        "text_escape": text_escape,
+        "tokenizer_fingerprint": tokenizer_fingerprint(out_dir / "tokenizer.json", text_escape),
         "num_train_rows": stats["train"]["rows"],
         "num_heldout_rows": stats["heldout"]["rows"],
         "source": ", ".join(source_desc),
@@ -245,7 +256,7 @@ def ensure_prepared(out_dir, *, inputs=None, tokenizer: str = "train-bpe", vocab
                     doc_len: int = 2048, min_doc_tokens: int | None = None, heldout_docs: int = 2,
                     text_key: str = "text", strip_gutenberg: bool = True,
                     max_docs: int | None = None, hf_dataset: str | None = None,
-                    hf_split: str = "train", seed: int = 0, heldout_inputs=None,
+                    hf_split: str = "train", seed: int = 0, heldout_inputs=None, text_escape: str = "none",
                     progress: bool = True, force: bool = False, summary: bool = True) -> Path:
     """Return ``out_dir`` once it holds a build with exactly these settings.
 
@@ -262,7 +273,7 @@ def ensure_prepared(out_dir, *, inputs=None, tokenizer: str = "train-bpe", vocab
     kw = dict(tokenizer=tokenizer, vocab_size=vocab_size, doc_len=doc_len,
               min_doc_tokens=min_doc_tokens, heldout_docs=heldout_docs, text_key=text_key,
               strip_gutenberg=strip_gutenberg, max_docs=max_docs, hf_dataset=hf_dataset,
-              hf_split=hf_split, seed=seed, heldout_inputs=heldout_inputs)
+              hf_split=hf_split, seed=seed, heldout_inputs=heldout_inputs, text_escape=text_escape)
     _validate_args(inputs, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, max_docs,
                    hf_dataset, heldout_inputs)
     wanted = _settings(inputs, **kw)
@@ -332,8 +343,8 @@ def ensure_data(data_cfg, cache_dir=None, *, progress: bool = True) -> Path:
 
     With ``data_cfg.prepare`` set, the corpus it names (``inputs``; empty = the embedded
     Gutenberg sample) is built into ``data_cfg.data_dir`` via :func:`ensure_prepared`
-    (idempotent, atomic, locked against concurrent ranks). Without it, ``data_dir`` must
-    already hold ``train.zarr`` and ``heldout.zarr`` (e.g. a LongCrawl64 download).
+    (idempotent, atomic, locked against concurrent ranks) with the escape ``data_cfg.text_escape``. Without
+    it, ``data_dir`` must already hold ``train.zarr`` and ``heldout.zarr`` (e.g. a LongCrawl64 download).
     ``cache_dir`` is used only when ``data_dir`` is empty (then ``cache_dir/data``).
     """
     data_dir = _cfg_get(data_cfg, "data_dir")
@@ -349,6 +360,7 @@ def ensure_data(data_cfg, cache_dir=None, *, progress: bool = True) -> Path:
         if _cfg_get(prep, "min_doc_tokens") is None:
             kw["min_doc_tokens"] = None
         kw["heldout_inputs"] = [str(p) for p in kw.get("heldout_inputs") or []] or None
+        kw["text_escape"] = text_escape_name(_cfg_get(data_cfg, "text_escape", "none"), "data.text_escape")
         return ensure_prepared(data_dir, inputs=inputs or None, progress=progress, **kw)
     missing = [n for n in ("train.zarr", "heldout.zarr") if not (data_dir / n).exists()]
     if missing:

@@ -129,6 +129,6 @@ def format_summary(meta: dict, out_dir) -> str:
             f"({st['tokens_dropped_short_docs']} tokens) and {st['tokens_dropped_remainder']} "
             f"tokens of partial final rows"
         )
-    lines.append(f"  use: data.data_dir={Path(out_dir).resolve()}  "
-                 f"(vocab_size={meta['vocab_size']}, bos_id={meta['bos_id']})")
+    lines.append(f"  use: data.data_dir={Path(out_dir).resolve()}  (vocab_size={meta['vocab_size']}, "
+                 f"bos_id={meta['bos_id']}, text_escape={meta.get('text_escape', 'none')})")
     return "\n".join(lines)

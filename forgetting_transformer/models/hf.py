@@ -1,9 +1,11 @@
 """Hugging Face ``transformers`` (5.x) integration: ``FoXConfig``, ``FoXForCausalLM`` and the KV cache ``FoXCache``.
 
 Importing this module registers the model type ``forgetting_transformer`` with ``AutoConfig`` and
-``AutoModelForCausalLM``, so ``AutoModelForCausalLM.from_pretrained(dir)`` works after
-``import forgetting_transformer.models.hf``. ``FoXForCausalLM.model`` is a plain ``DecoderLM``: its state dict is
-a training checkpoint's with the prefix ``model.``. See docs/hf.md.
+``AutoModelForCausalLM``, and ``FoXTokenizerFast`` (``hf_tokenizer.py``: the tokenizer that applies the training
+data's text escape) with ``AutoTokenizer``, so ``AutoModelForCausalLM.from_pretrained(dir)`` and
+``AutoTokenizer.from_pretrained(dir)`` work after ``import forgetting_transformer.models.hf``.
+``FoXForCausalLM.model`` is a plain ``DecoderLM``: its state dict is a training checkpoint's with the prefix
+``model.``. See docs/hf.md.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationMixin, PretrainedConfig,
+                          PreTrainedModel)
 from transformers import initialization as init
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -24,6 +27,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from ..inference.generate import generate as static_generate
 from ..inference.prompts import seq_start_from_mask
 from .decoder import DecoderLM, is_path
+from .hf_tokenizer import FoXTokenizerFast
 from .layers import ForgetGate, LayerCache, RMSNorm, decay_bias_init
 from .path import PathCache
 
@@ -500,3 +504,5 @@ def _same_start(cached: torch.Tensor | None, new: torch.Tensor | None, new_absen
 
 AutoConfig.register(MODEL_TYPE, FoXConfig, exist_ok=True)
 AutoModelForCausalLM.register(FoXConfig, FoXForCausalLM, exist_ok=True)
+# also makes the class findable by the name tokenizer_config.json records (tokenizer_class: FoXTokenizerFast)
+AutoTokenizer.register(FoXConfig, tokenizer_class=FoXTokenizerFast, exist_ok=True)

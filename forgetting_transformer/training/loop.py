@@ -70,7 +70,7 @@ def build(cfg, ctx: RunContext) -> Setup:
     if train_cfg.batch_size % (mb * dist.world_size):
         raise ValueError(f"train.batch_size={train_cfg.batch_size} must be a multiple of train.micro_batch_size={mb} "
                          f"x {dist.world_size} ranks")
-    data_kw = dict(vocab_size=cfg.data.vocab_size, bos_id=cfg.data.bos_id)
+    data_kw = dict(vocab_size=cfg.data.vocab_size, bos_id=cfg.data.bos_id, text_escape=cfg.data.text_escape)
     train_data = LongCrawl64Dataset(data_dir / "train.zarr", cfg.data.seq_len, mb, rank=dist.rank,
                                     world_size=dist.world_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
                                     skip_zero_rows=cfg.data.skip_zero_rows, **data_kw)

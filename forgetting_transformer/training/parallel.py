@@ -46,10 +46,11 @@ def apply_compile(model: nn.Module) -> None:
         model.chunk_loss = torch.compile(model.chunk_loss, fullgraph=True)
 
 
-def apply_fsdp(model: nn.Module, mixed_precision: bool, reshard_after_forward: bool = True,
+def apply_fsdp(model: nn.Module, bf16_params: bool, reshard_after_forward: bool = True,
                prefetch: int = 0) -> None:
-    """FSDP2: shard every block, then the root (embedding, final norm, LM head). bf16 compute with fp32
-    gradient reduction when mixed precision is on; parameters are stored in fp32 either way.
+    """FSDP2: shard every block, then the root (embedding, final norm, LM head). Parameters are stored in fp32
+    and gradients reduced in fp32 either way. ``bf16_params``: FSDP2 all-gathers the parameters in bf16 and the
+    forward computes with them; otherwise they are gathered in fp32 (bf16 then comes from autocast, if on).
 
     ``reshard_after_forward=False`` keeps every block's gathered parameters until its backward (ZeRO-2 style).
     The last block is never resharded after its forward: its backward comes next (torchtitan does the same).
@@ -57,7 +58,7 @@ def apply_fsdp(model: nn.Module, mixed_precision: bool, reshard_after_forward: b
     backward those of the ``prefetch`` blocks before it (FSDP2's default prefetches one block, implicitly)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if mixed_precision else None,
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16_params else None,
                                   reduce_dtype=torch.float32)
     blocks = list(model.blocks)
     for i, block in enumerate(blocks):
@@ -148,7 +149,8 @@ def parallelize(model: nn.Module, strategy_cfg, device: torch.device, mixed_prec
     if strategy_cfg.compile:
         apply_compile(model)
     if strategy_cfg.name == "fsdp":
-        apply_fsdp(model, mixed_precision, strategy_cfg.reshard_after_forward, strategy_cfg.fsdp_prefetch)
+        apply_fsdp(model, mixed_precision and strategy_cfg.fsdp_precision == "bf16_params",
+                   strategy_cfg.reshard_after_forward, strategy_cfg.fsdp_prefetch)
     init_weights(model, device, seed)
     if strategy_cfg.name == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -158,8 +160,9 @@ def parallelize(model: nn.Module, strategy_cfg, device: torch.device, mixed_prec
 
 
 def autocast_needed(strategy_cfg, mixed_precision: bool) -> bool:
-    """FSDP casts parameters to bf16 itself; the other strategies compute in bf16 through autocast."""
-    return mixed_precision and strategy_cfg.name != "fsdp"
+    """Whether the forward passes (training and evaluation) run under bf16 autocast: always with mixed precision,
+    except for FSDP with ``strategy.fsdp_precision=bf16_params``, whose parameters FSDP2 casts to bf16 itself."""
+    return mixed_precision and (strategy_cfg.name != "fsdp" or strategy_cfg.fsdp_precision == "autocast")
 
 
 def set_grad_sync(model: nn.Module, enabled: bool) -> None:

@@ -69,7 +69,7 @@ def runs_of(tmp):
 def test_every_run_of_every_part_is_done_with_its_files(suite):
     tmp, _ = suite
     runs = runs_of(tmp)
-    assert len(runs) == len(rp.suite()) == 24
+    assert len(runs) == len(rp.suite()) == 33
     assert {d["part"] for d in runs.values()} == set(rp.PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -102,6 +102,27 @@ def test_later_parts_train_at_the_sweeps_picks(suite):
     assert "model.qk_norm=false" in ablation["command"]
 
 
+def test_the_released_part_trains_the_released_definition_and_the_others_keep_theirs(suite):
+    """Runs of the released part train the presets (per-head output norm, QK-norm eps 1e-5); the Pro runs of the
+    other parts keep the definition they were trained with."""
+    from omegaconf import OmegaConf
+
+    tmp, _ = suite
+    runs = runs_of(tmp)
+    released = {n: d for n, d in runs.items() if d["part"] == "released"}
+    assert sorted({(d["label"], d["seed"]) for d in released.values()}) == sorted(
+        (label, seed) for label in ("fox_pro_released", "fox_pro_released_no_kv_shift", "transformer_pro_released")
+        for seed in (0, 1, 2))
+    for name, done in runs.items():
+        model = OmegaConf.load(tmp / "results" / "runs" / name / "config.yaml").model
+        if done["model"] not in rp.LEGACY_PRO:
+            continue
+        assert model.output_norm_per_head == (done["part"] == "released"), name
+        assert model.qk_norm_eps == (1e-5 if done["part"] == "released" else None), name
+    assert all("model.kv_shift=false" in d["command"] for d in released.values()
+               if d["label"] == "fox_pro_released_no_kv_shift")
+
+
 def test_acp_runs_measure_pruning_over_training(suite):
     tmp, _ = suite
     acp = [p for p in (tmp / "results" / "runs").iterdir() if p.name.startswith("fox_pro_acp")]
@@ -118,7 +139,7 @@ def test_a_rerun_skips_every_finished_run(corpus, suite):
     before = {p: p.stat().st_mtime_ns for p in (tmp / "results" / "runs").rglob("done.json")}
     again = reproduce(corpus, tmp, "--parts", "all")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert again.stdout.count("done, skipped") == 24 and "started" not in again.stdout
+    assert again.stdout.count("done, skipped") == 33 and "started" not in again.stdout
     assert {p: p.stat().st_mtime_ns for p in (tmp / "results" / "runs").rglob("done.json")} == before
 
 
@@ -127,11 +148,13 @@ def test_report_and_tables_regenerate_from_the_files_alone(suite):
     from eval.reproduction import render_tables, write_report
 
     tables = render_tables(tmp / "results")
-    assert set(tables) == {"sweep", "claim1", "claim2", "claim3", "claim4", "claim5", "claim6", "path", "runs"}
+    assert set(tables) == {"sweep", "claim1", "claim2", "claim3", "claim4", "claim5", "claim6", "path", "released",
+                           "runs"}
     assert not [k for k, v in tables.items() if "Not run yet" in v]
     assert tables["claim3"].count("\n|") >= 11  # header, rule and the ten Table 3 rows
     report = write_report(tmp / "results", tmp / "images")
     assert "## claim4" in report.read_text()
+    assert "| FoX (Pro) − KV-shift − FoX (Pro) |" in tables["released"]
     assert (tmp / "images" / "books_per_token_loss.png").stat().st_size > 10_000
     assert (tmp / "images" / "books_per_token_loss_path.png").stat().st_size > 10_000
     rows = tables["path"].splitlines()[2:]
@@ -206,6 +229,18 @@ def test_the_committed_doc_holds_the_tables_of_the_committed_results():
     for name, text in tables.items():
         assert blocks[name] == text, f"docs/reproduction.md table '{name}' is stale: run scripts/reproduce.py " \
                                      "books --out results/books --report --doc docs/reproduction.md"
+
+
+def test_paired_intervals_and_verdicts():
+    from eval.reproduction import paired_interval, verdict
+
+    mean, lo, hi = paired_interval([0.1, 0.2, 0.3])  # sd 0.1, n 3: t(0.975, 2) = 4.303
+    assert mean == pytest.approx(0.2) and hi - mean == pytest.approx(4.303 * 0.1 / 3 ** 0.5)
+    assert lo == pytest.approx(0.2 - 4.303 * 0.1 / 3 ** 0.5)
+    assert paired_interval([0.1]) is None
+    assert verdict((0.2, 0.1, 0.3), +1) == "reproduced" and verdict((0.2, 0.1, 0.3), -1) == "contradicts the paper"
+    assert verdict((-0.2, -0.3, -0.1), -1) == "reproduced" and verdict((0.0, -0.1, 0.1), +1) == "inconclusive"
+    assert verdict(None, +1).startswith("inconclusive") and verdict((0.2, 0.1, 0.3), None) == "differs"
 
 
 def test_update_doc_rewrites_only_the_marked_tables(tmp_path):

@@ -73,6 +73,8 @@ def test_missing_required_value_names_the_key():
         (("strategy=fsdp", "strategy.fsdp_prefetch=-1"), "strategy.fsdp_prefetch=-1"),
         ("strategy.fsdp_prefetch=2", "strategy.fsdp_prefetch=2: only applies to strategy.name=fsdp"),
         ("strategy.reshard_after_forward=false", "strategy.reshard_after_forward=False: only applies"),
+        (("strategy=ddp", "strategy.fsdp_precision=bf16_params"),
+         "strategy.fsdp_precision='bf16_params': only applies to strategy.name=fsdp .got strategy.name=ddp"),
         ("data.bos_id=5000", "data.bos_id=5000"),
         ("model.n_kv_heads=2", "model.n_kv_heads=2"),
         ("model.acp_eps=2", "model.acp_eps=2.0"),
@@ -121,8 +123,19 @@ def test_paper_presets_compose(name):
     assert cfg.data.seq_len * cfg.train.batch_size == 2**19  # 0.5M tokens per step
     assert cfg.schedule.warmup_tokens == 256 * 2**20 and cfg.schedule.min_lr_ratio == 0
     assert cfg.strategy.name == "fsdp" and cfg.data.vocab_size == cfg.model.vocab_size == 50257
+    assert cfg.strategy.fsdp_precision == "autocast"  # the official FoX training's precision
     model, size = name.split("/")[1].split("_")[:-2], name.split("_")[-2]
     assert cfg.model.name == "_".join(model) and cfg.model.d_model == {"125m": 768, "360m": 1024, "760m": 1536}[size]
+
+
+def test_fsdp_precision_defaults():
+    """strategy=fsdp runs on bf16 parameters unless strategy.fsdp_precision=autocast; single and ddp always
+    autocast (the schema's default), so a paper preset, which sets autocast, also validates with strategy=ddp."""
+    assert load("strategy=fsdp").strategy.fsdp_precision == "bf16_params"
+    assert load().strategy.fsdp_precision == load("strategy=ddp").strategy.fsdp_precision == "autocast"
+    cfg = load("experiment=longcrawl64/fox_pro_760m_48b", "data.data_dir=/x", "strategy=ddp")
+    validate(cfg)
+    assert cfg.strategy.name == "ddp" and cfg.strategy.fsdp_precision == "autocast"
 
 
 @pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp"])

@@ -123,9 +123,9 @@ def test_two_ranks_skip_zero_rows_each_resume_their_own_position(tmp_path):
     from test_run_safety import zero_row_data
 
     data = zero_row_data(tmp_path)  # train rows 2..9 of 16 are all zeros
-    extra = ("strategy=ddp", "data.seq_len=32", "train.max_steps=6", "train.checkpoint_every=3",
-             "train.micro_batch_size=4", "data.skip_zero_rows=true", "eval.heldout_batches=1",
-             "eval.per_token_loss=false")
+    extra = ("strategy=ddp", "data.seq_len=32", "data.text_escape=none", "train.max_steps=6",
+             "train.checkpoint_every=3", "train.micro_batch_size=4", "data.skip_zero_rows=true",
+             "eval.heldout_batches=1", "eval.per_token_loss=false")
     full = tmp_path / "full"
     res = subprocess.run(torchrun(data, full, *extra), cwd=ROOT, env=ENV, capture_output=True, text=True,
                          timeout=600)

@@ -162,7 +162,7 @@ def zero_row_data(d):
 
 def test_zero_rows_stop_the_run_unless_skipped(tmp_path):
     data = zero_row_data(tmp_path)
-    args = ("data.seq_len=32", "train.max_steps=6", "eval.heldout_batches=1", *SHORT)
+    args = ("data.seq_len=32", "data.text_escape=none", "train.max_steps=6", "eval.heldout_batches=1", *SHORT)
     res = run(command(data, tmp_path / "strict", *args))
     assert res.returncode == 1 and "entirely token id 0" in res.stderr and "data.skip_zero_rows=true" in res.stderr
     assert "entirely token id 0" in (tmp_path / "strict" / "train.log").read_text()  # the run's log says why
