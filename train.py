@@ -17,7 +17,7 @@ import hydra
 
 from forgetting_transformer.config import register_configs
 from forgetting_transformer.training.loop import build, evaluate, train
-from forgetting_transformer.training.run import RunContext, one_line_config_errors, run
+from forgetting_transformer.training.run import RunContext, one_line_errors, run
 
 register_configs()
 
@@ -33,9 +33,10 @@ def pretrain(cfg, ctx: RunContext) -> None:
     setup = build(cfg, ctx)  # data, model, optimizer, train state (resumed from the newest loadable checkpoint)
     train(cfg, ctx, setup)  # optimizer steps to the token budget: log rows, checkpoints
     evaluate(cfg, ctx, setup)  # held-out loss; per-token loss, saved and plotted
-    ctx.metrics.say(f"done in {ctx.elapsed():.0f} s: held-out loss {setup.heldout:.4f}")
+    ctx.metrics.say(f"done in {ctx.elapsed():.0f} s: held-out loss {setup.heldout:.4f} over {setup.heldout_covers}"
+                    if setup.heldout_covers else f"done in {ctx.elapsed():.0f} s")
 
 
 if __name__ == "__main__":
-    one_line_config_errors()
+    one_line_errors()
     main()

@@ -8,6 +8,8 @@ and decodes prompts greedily in batches for the generation-based evaluations (NI
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +28,13 @@ def load_run(run_dir: str | Path, *, step: int | None = None, device: str | torc
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file} not found: pass a run directory written by train.py")
     cfg = OmegaConf.load(cfg_file)
-    ckpts = checkpoint_dirs(run_dir / "checkpoints")
-    if step is not None:
-        ckpts = [c for c in ckpts if c.name == f"step_{step:08d}"]
+    found = checkpoint_dirs(run_dir / "checkpoints")
+    ckpts = found if step is None else [c for c in found if c.name == f"step_{step:08d}"]
     if not ckpts:
         what = f"step {step}" if step is not None else "any checkpoint"
-        raise FileNotFoundError(f"no complete checkpoint ({what}) under {run_dir / 'checkpoints'}")
+        steps = ", ".join(str(int(c.name[5:])) for c in found) or "none"
+        raise FileNotFoundError(f"no complete checkpoint ({what}) under {run_dir / 'checkpoints'}; the steps it "
+                                f"has: {steps}")
     model = build_model(cfg.model)
     load_model_weights(model, ckpts[-1])
     return model.to(device).eval(), cfg, ckpts[-1]
@@ -145,7 +148,8 @@ def check_same_tokenizer(model_path: str | Path, data_dir: str | Path) -> str | 
     the model's (``model_text_escape``), and the fingerprints (``tokenizer_fingerprint``, escape included) of the
     model's tokenizer and the data dir's tokenizer.json must agree; each error names both sides. A data dir without
     meta.json records no escape (a LongCrawl64 download): its escape is not checked, only its tokenizer.json if
-    any. Returns the fingerprint (None when either side has no tokenizer.json to compare)."""
+    any. What could not be checked is named in a note on stderr. Returns the fingerprint (None when either side
+    has no tokenizer.json to compare)."""
     from forgetting_transformer.data.longcrawl64 import data_text_escape
     from forgetting_transformer.data.prepare import tokenizer_fingerprint
 
@@ -155,6 +159,7 @@ def check_same_tokenizer(model_path: str | Path, data_dir: str | Path) -> str | 
                          f"{model_path} reads text_escape={mode}; token ids would mean different text. Convert the "
                          f"data as the model's was: scripts/prepare_corpus.py ... --text-escape {mode}")
     model_tok, data_tok = model_tokenizer_file(model_path), Path(data_dir) / "tokenizer.json"
+    _note_unchecked(model_path, data_dir, data_mode is not None, data_tok.is_file(), model_tok is not None)
     if model_tok is None or not data_tok.is_file():
         return None
     # the data's escape is the model's here, or the data records none
@@ -166,6 +171,20 @@ def check_same_tokenizer(model_path: str | Path, data_dir: str | Path) -> str | 
                          "different text. Convert the data with the model's tokenizer: scripts/prepare_corpus.py "
                          f"... --tokenizer {model_tok}{escape_flag}")
     return a
+
+
+def _note_unchecked(model_path, data_dir, data_meta: bool, data_tokenizer: bool, model_tokenizer: bool) -> None:
+    """One line on stderr naming what ``check_same_tokenizer`` could not compare, and why: a notice, not an error,
+    as a LongCrawl64 download has neither a tokenizer.json nor a meta.json."""
+    what = ([] if data_tokenizer and model_tokenizer else ["tokenizer"]) + ([] if data_meta else ["text escape"])
+    if not what:
+        return
+    missing = [name for name, present in (("tokenizer.json", data_tokenizer), ("meta.json", data_meta)) if not present]
+    why = [f"{data_dir} has no {' and no '.join(missing)}"] if missing else []
+    if data_tokenizer and not model_tokenizer:
+        why.append(f"the model {model_path} has no tokenizer.json")
+    print(f"note: the {' and '.join(what)} of {data_dir} could not be checked against the model's: {'; '.join(why)}",
+          file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- batched greedy generation
@@ -303,15 +322,46 @@ def eos_and_pad(model) -> tuple[list[int] | None, int | None]:
     return eos, gc.pad_token_id if gc.pad_token_id is not None else (eos[0] if eos else None)
 
 
+@contextlib.contextmanager
+def watch_steps(lm, batch: str, prompt_len: int, max_new_tokens: int, on_stage, observe: bool):
+    """Name ``batch`` to ``on_stage(batch, None)`` (progress) and, with ``observe``, each forward pass of it, seen
+    by a pre-hook on the embedding: ``on_stage(batch, "prefill of 16,384 tokens")``, then ``on_stage(batch,
+    "decoding token 7 of at most 32")``. Steps replayed from a CUDA graph or run as torch.compile's code do not
+    call the hook, so there (``observe=False``) the batch alone is named."""
+    if on_stage is None:
+        yield
+        return
+    on_stage(batch, None)
+    fed = 0  # tokens fed so far: the prompt's, then one per decoding step
+
+    def hook(module, args):
+        nonlocal fed
+        n = args[0].shape[-1]
+        if fed < prompt_len:
+            part = f" (tokens {fed + 1:,}-{fed + n:,})" if n < prompt_len else ""
+            on_stage(batch, f"prefill of {prompt_len:,} tokens{part}")
+        else:  # the prefill chose the first new token; the k-th step feeds token k and chooses token k + 1
+            on_stage(batch, f"decoding token {fed - prompt_len + 2} of at most {max_new_tokens}")
+        fed += n
+
+    handle = lm.embed.register_forward_pre_hook(hook) if observe else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
 @torch.no_grad()
 def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, options: GenerationOptions, *,
                      eos_token_id: list[int] | None = None, pad_token_id: int | None = None,
-                     on_group=None) -> list[list[int]]:
+                     on_group=None, on_stage=None) -> list[list[int]]:
     """Greedy continuations of ``prompts`` (token id lists), in their order: ``generation_groups`` of them run as
     left-padded batches through ``forgetting_transformer.inference.generate``, and each row's new tokens (up to
     and including its first eos) are put back at its prompt's index. ``on_group(n)`` is called after each group
-    of ``n`` prompts (progress). A PaTH model (model.mixer=path), which the static path does not run, decodes each
-    group through its own cache (``_greedy_path``)."""
+    of ``n`` prompts, ``on_stage(batch, step)`` with what runs (``watch_steps``; both for progress). A PaTH model
+    (model.mixer=path), which the static path does not run, decodes each group through its own cache
+    (``_greedy_path``)."""
     from forgetting_transformer.inference import generate
     from forgetting_transformer.models.decoder import is_path
     from forgetting_transformer.ops import use_options
@@ -319,17 +369,23 @@ def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, optio
     lm = _decoder(model)
     eos = set(eos_token_id or ())
     chunk = options.chunk_for(lm)
+    # eager forwards only: on a GPU the static path replays its steps from a CUDA graph
+    observe = is_path(lm.cfg) or (lm.embed.weight.device.type != "cuda" and not options.compile_step)
     answers: list[list[int] | None] = [None] * len(prompts)
-    for group in generation_groups([len(p) for p in prompts], options.batch_size, options.max_batch_tokens):
-        if is_path(lm.cfg):
-            rows = _greedy_path(lm, [prompts[i] for i in group], max_new_tokens, eos)
-        else:
-            with use_options(autotune=options.autotune):
-                out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens,
-                               do_sample=False, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                               acp_eviction=options.acp_eviction, prefill_chunk=chunk,
-                               compile_step=options.compile_step)
-            rows = out.sequences[:, max(len(prompts[i]) for i in group):].tolist()
+    groups = generation_groups([len(p) for p in prompts], options.batch_size, options.max_batch_tokens)
+    for n, group in enumerate(groups):
+        longest = max(len(prompts[i]) for i in group)
+        batch = f"batch {n + 1} of {len(groups)} ({len(group)} prompts of up to {longest:,} tokens)"
+        with watch_steps(lm, batch, longest, max_new_tokens, on_stage, observe):
+            if is_path(lm.cfg):
+                rows = _greedy_path(lm, [prompts[i] for i in group], max_new_tokens, eos)
+            else:
+                with use_options(autotune=options.autotune):
+                    out = generate(model, [prompts[i] for i in group], max_new_tokens=max_new_tokens,
+                                   do_sample=False, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                                   acp_eviction=options.acp_eviction, prefill_chunk=chunk,
+                                   compile_step=options.compile_step)
+                rows = out.sequences[:, longest:].tolist()
         for i, row in zip(group, rows):
             answers[i] = until_eos(row, eos)
         if on_group is not None:
@@ -365,11 +421,12 @@ def generate_texts(model, tokenizer, prompts: list[list[int]], max_new_tokens: i
                    desc: str, unit: str, progress: bool = True) -> list[str]:
     """``generate_batched`` with the model's eos and pad ids, decoded without special tokens (what
     ``tokenizer.decode(model.generate(ids)[0, len(ids):], skip_special_tokens=True)`` gives one prompt at a time),
-    with a progress line counting prompts done."""
-    from forgetting_transformer.training.progress import Progress
+    with a progress line counting prompts done at least every ~10 s, also inside a long batch (a heartbeat
+    thread), naming the batch that runs and, where ``watch_steps`` sees them, its prefill or decoding step."""
+    from forgetting_transformer.training.progress import Progress, heartbeat
 
     eos, pad = eos_and_pad(model)
-    with Progress(len(prompts), desc, unit, enabled=progress) as bar:
+    with Progress(len(prompts), desc, unit, enabled=progress) as bar, heartbeat(bar):
         new = generate_batched(model, prompts, max_new_tokens, options, eos_token_id=eos, pad_token_id=pad,
-                               on_group=bar.update)
+                               on_group=bar.update, on_stage=bar.working_on)
     return [tokenizer.decode(t, skip_special_tokens=True) for t in new]

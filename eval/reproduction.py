@@ -5,7 +5,7 @@
     python scripts/make_tables.py --table books --inputs results/books  # the tables alone
 
 ``render_tables(out)`` returns ``{name: markdown}`` for the sections of docs/reproduction.md (``sweep``, ``claim1``,
-``claim2``, ``claim3``, ``claim4``, ``claim5``, ``claim6``, ``path``, ``released``, ``runs``); a claim whose runs are missing says which.
+``claim2``, ``claim3``, ``claim4``, ``claim5``, ``claim6``, ``path``, ``released``, ``llama_sweep``, ``runs``); a claim whose runs are missing says which.
 """
 
 from __future__ import annotations
@@ -118,6 +118,32 @@ def primary(runs: list[RunResult], label: str, family: str, pick: dict) -> list[
     """The runs of ``label`` at its family's pick, by seed."""
     lr = pick.get(family)
     return sorted((r for r in runs if r.label == label and r.lr == lr), key=lambda r: r.seed)
+
+
+def llama_sweep_table(runs: list[RunResult]) -> str:
+    """The LLaMA pair's held-out loss at each rate (seed 0: the ``lr-llama`` part and the ``main`` run at the Pro
+    picks), the best of each in bold, and the pair's gap at their own best rates against the gap at the Pro picks."""
+    pick, best, rows = picks(runs), {}, []
+    lrs = sorted({r.lr for r in runs if r.part == "lr-llama"})
+    if not lrs:
+        return "Not run yet: `--parts lr-llama`."
+    lrs = sorted(set(lrs) | {pick[f] for f in ("fox", "transformer") if f in pick})
+    for label in ("fox_llama", "transformer_llama"):
+        by_lr = {r.lr: r.heldout for r in runs if r.label == label and r.seed == 0 and r.part in ("lr-llama", "main")}
+        best[label] = min(by_lr.items(), key=lambda kv: kv[1]) if by_lr else None
+        rows.append([LABELS[label]] + [("**" + _fmt(by_lr[lr]) + "**" if best[label] and lr == best[label][0]
+                                        else _fmt(by_lr.get(lr))) for lr in lrs])
+    text = _table(["held-out loss (nats/token) at peak lr, seed 0"] + [f"{lr:g}" for lr in lrs], rows)
+    f, t = best["fox_llama"], best["transformer_llama"]
+    if f and t:
+        at_pro = {r.label: r.heldout for r in runs if r.part == "main" and r.seed == 0
+                  and r.label in ("fox_llama", "transformer_llama")}
+        text += (f"\n\nTransformer (LLaMA) − FoX (LLaMA): {t[1] - f[1]:+.4f} nats/token at their own best rates "
+                 f"({t[0]:g}, {f[0]:g})")
+        if len(at_pro) == 2:
+            text += f"; {at_pro['transformer_llama'] - at_pro['fox_llama']:+.4f} at the Pro pair's picks"
+        text += "."
+    return text
 
 
 def claim1_table(runs: list[RunResult]) -> str:
@@ -372,7 +398,8 @@ def render_tables(out) -> dict[str, str]:
     return {"sweep": sweep_table(runs), "claim1": claim1_table(runs),
             "claim2": claim2_table(runs) + "\n\n" + claim2_gap_table(runs), "claim3": claim3_table(runs),
             "claim4": claim4_table(runs), "claim5": claim5_table(runs), "claim6": claim6_table(runs),
-            "path": path_table(runs), "released": released_table(runs), "runs": runs_table(runs)}
+            "path": path_table(runs), "released": released_table(runs), "llama_sweep": llama_sweep_table(runs),
+            "runs": runs_table(runs)}
 
 
 def write_plots(out, image_dir) -> list[Path]:

@@ -292,7 +292,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    heldout_batches: Optional[int] = 8  # batches of data.seq_len from heldout.zarr for the held-out loss; null: all
+    heldout_batches: Optional[int] = None  # the first batches of heldout.zarr for the held-out loss; null: all of it
     per_token_loss: bool = True  # after training: L(i) over heldout rows, saved and plotted
     per_token_rows: int = 8  # rows spread evenly over heldout.zarr (all when it has fewer)
     per_token_len: Optional[int] = None  # default: the rows' full length (may exceed data.seq_len)
@@ -312,6 +312,14 @@ class WandbConfig:
     name: Optional[str] = None
 
 
+class ResumeChanges(StrEnum):
+    """``resume_changes``: what a resume may change of the keys that change a run's computation
+    (training/changes.py)."""
+
+    refuse = "refuse"  # a resume whose config changes one of them is refused, naming each
+    allow = "allow"  # each change applies from the step the run resumes at, recorded in config_changes.jsonl
+
+
 @dataclass
 class Config:
     model: Any = MISSING  # a DecoderConfig or a FlaConfig (typed Any: a ModelConfig field would keep its base types)
@@ -327,6 +335,7 @@ class Config:
     seed: int = 0
     resume: bool = False
     overwrite: bool = False  # true: delete the run already in output_dir (without resume) before starting
+    resume_changes: ResumeChanges = ResumeChanges.refuse  # allow: a resume may change the computation's keys
 
 
 # (group, name) -> schema: a YAML file of the group extends one with ``defaults: [<name>, _self_]``
@@ -428,10 +437,47 @@ def _validate_fla(m, n_heads: int) -> None:
         _require(not m.rope, "model.rope", m.rope, f"{m.arch} has no attention layers to rotate")
 
 
+def unknown_key_error(full_key: str, schema: type) -> ConfigError:
+    """The error for ``full_key``, a key its parent's schema (a dataclass) does not have: it names the schema's
+    nearest key by spelling (difflib), or its keys when none is near."""
+    import dataclasses
+    import difflib
+
+    parent, _, key = full_key.rpartition(".")
+    keys = [f.name for f in dataclasses.fields(schema)]
+    near = difflib.get_close_matches(key, keys, n=1)
+    hint = f"did you mean {parent + '.' if parent else ''}{near[0]}?" if near else f"its keys: {', '.join(keys)}"
+    return ConfigError(f"invalid config: {full_key}: no such key in {schema.__name__}; {hint}")
+
+
+def check_known_keys(node, prefix: str = "", ignore: tuple = ()) -> None:
+    """Refuse a key that the schema of its node lacks, in ``node`` and the nodes below it (but the top-level keys
+    in ``ignore``, e.g. Hydra's own ``hydra``). Hydra's struct mode refuses ``key=value`` for an unknown key, but
+    ``+key=value`` and ``++key=value`` add one without a word; a node without a schema (a plain dict) takes any
+    key."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.get_type(node)
+    if not dataclasses.is_dataclass(schema):
+        return
+    known = {f.name for f in dataclasses.fields(schema)}
+    for key in node:
+        if key in ignore:
+            continue
+        if key not in known:
+            raise unknown_key_error(f"{prefix}{key}", schema)
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not (child._is_none() or child._is_missing()):
+            check_known_keys(child, f"{prefix}{key}.")
+
+
 def validate(cfg) -> None:
-    """Check values Hydra's types cannot; every error names the offending key and value."""
+    """Check the keys and values Hydra's types cannot; every error names the offending key and value."""
     from omegaconf import OmegaConf
 
+    check_known_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"missing required config value(s): {', '.join(missing)} (set them on the command line, "

@@ -42,17 +42,40 @@ def cumulative_average(x: np.ndarray) -> np.ndarray:
     return np.cumsum(x) / np.arange(1, len(x) + 1)
 
 
+def run_name(result_file) -> str:
+    """The run a per-token-loss JSON file belongs to: its directory's name for train.py's
+    ``<run dir>/per_token_loss.json``, else the file's own name (``eval.per_token_loss.run`` writes
+    ``<out>/<run dir name>.json``)."""
+    path = Path(result_file)
+    return path.parent.resolve().name if path.name == "per_token_loss.json" else path.stem
+
+
+def curve_labels(result_files, names: list[str], labels: list[str] | None = None) -> list[str]:
+    """One legend label per result file: ``labels`` when given, else the result's name (the model's), followed by
+    its run's name (``run_name``) where two results share a name, e.g. two runs of one model. Labels that are
+    still identical are refused, naming them: two curves would be indistinguishable in the legend."""
+    if labels is not None and len(labels) != len(result_files):
+        raise ValueError(f"{len(labels)} labels (--label) for {len(result_files)} result files: give one per file")
+    if labels is None:
+        labels = [f"{name} ({run_name(f)})" if names.count(name) > 1 else name
+                  for f, name in zip(result_files, names)]
+    for i, label in enumerate(labels):
+        if label in labels[:i]:
+            first = result_files[labels.index(label)]
+            raise ValueError(f"{first} and {result_files[i]} would both be labelled {label!r} in the legend; "
+                             "give each file its own label with --label (one per file, in order)")
+    return labels
+
+
 def plot_per_token_loss(result_files, out_png, *, window: int = 101, logx: bool = False,
                         labels: list[str] | None = None) -> Path:
     """Left: the smoothed L(i) of several results overlaid; right: their cumulative averages. A dashed line marks
-    each model's training length. ``labels`` (one per file) replace the files' names in the legend."""
-    if labels is not None and len(labels) != len(result_files):
-        raise ValueError(f"{len(labels)} labels for {len(result_files)} result files")
+    each model's training length. The legend labels are ``curve_labels``' (``labels``: one per file)."""
+    results = [json.loads(Path(path).read_text()) for path in result_files]
+    labels = curve_labels(list(result_files), [res["name"] for res in results], labels)
     fig, (ax, ax_cum) = plt.subplots(1, 2, figsize=(12, 4.5))
     train_lens = set()
-    for i, path in enumerate(result_files):
-        res = json.loads(Path(path).read_text())
-        name = labels[i] if labels is not None else res["name"]
+    for name, res in zip(labels, results):
         loss = np.asarray(res["loss"])
         pos = np.arange(1, len(loss) + 1)
         line, = ax.plot(pos, moving_average(loss, window), label=name, linewidth=1.5)

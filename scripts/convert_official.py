@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -99,27 +98,11 @@ def _dtype(name: str, tensors: dict):
     return getattr(torch, name)
 
 
-def _out_dir(out: Path, overwrite: bool) -> Path:
-    """A temporary sibling of ``out`` to write into; ``out`` must be absent or empty unless ``overwrite``."""
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConvertError(f"--out {out}: not empty; pass --overwrite to replace what is there")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-
-
 def convert(src: str, out: Path, *, tokenizer: str | None = None, text_escape: str = "auto", dtype: str = "source",
             bos_id: int | None = None, no_tokenizer: bool = False, overwrite: bool = False,
             cache_dir: Path | None = None) -> Path:
     """The official checkpoint ``src`` → a ``FoXForCausalLM`` directory ``out``; returns ``out``."""
-    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
+    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM, written_whole
     from forgetting_transformer.models.official import decoder_settings, decoder_state_dict
 
     path = fetch(src, cache_dir)
@@ -135,16 +118,15 @@ def convert(src: str, out: Path, *, tokenizer: str | None = None, text_escape: s
     model.model.load_state_dict(state, strict=True)
     gc = model.generation_config
     gc.bos_token_id = gc.eos_token_id = gc.pad_token_id = bos
-    tmp = _out_dir(out, overwrite)
-    model.eval().save_pretrained(tmp)
-    if tok is not None:
-        tok.save_pretrained(str(tmp))
-    (tmp / "conversion.json").write_text(json.dumps(
-        {"source": src, "model_type": config["model_type"], "name": settings["name"], "bos_id": bos,
-         "dtype": str(next(model.parameters()).dtype), "tokenizer": tokenizer or ("none" if tok is None else "src"),
-         "text_escape": None if tok is None else tok.text_escape},
-        indent=1) + "\n")
-    _publish(tmp, out)
+    with written_whole(out, overwrite) as tmp:
+        model.eval().save_pretrained(tmp)
+        if tok is not None:
+            tok.save_pretrained(str(tmp))
+        (tmp / "conversion.json").write_text(json.dumps(
+            {"source": src, "model_type": config["model_type"], "name": settings["name"], "bos_id": bos,
+             "dtype": str(next(model.parameters()).dtype),
+             "tokenizer": tokenizer or ("none" if tok is None else "src"),
+             "text_escape": None if tok is None else tok.text_escape}, indent=1) + "\n")
     return out
 
 
@@ -195,6 +177,7 @@ def to_official(src: str, out: Path, *, overwrite: bool = False) -> Path:
     source's tokenizer files when it has any)."""
     from safetensors.torch import save_file
 
+    from forgetting_transformer.models.hf import written_whole
     from forgetting_transformer.models.official import official_config, official_state_dict
 
     model, tok = _load_ours(Path(src))
@@ -202,12 +185,11 @@ def to_official(src: str, out: Path, *, overwrite: bool = False) -> Path:
     config = {**official_config(settings), "torch_dtype": str(next(model.parameters()).dtype).split(".")[-1],
               "bos_token_id": model.config.bos_token_id, "eos_token_id": model.config.eos_token_id}
     tensors = official_state_dict(model.model.state_dict(), settings)
-    tmp = _out_dir(out, overwrite)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    if tok is not None:
-        tok.save_pretrained(tmp)
-    _publish(tmp, out)
+    with written_whole(out, overwrite) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if tok is not None:
+            tok.save_pretrained(tmp)
     return out
 
 
@@ -256,7 +238,7 @@ def main(argv=None) -> int:
         else:
             out = convert(a.src, a.out, tokenizer=a.tokenizer, text_escape=a.text_escape, dtype=a.dtype,
                           bos_id=a.bos_id, no_tokenizer=a.no_tokenizer, overwrite=a.overwrite, cache_dir=a.cache_dir)
-    except (ConvertError, OfficialFormatError, FileNotFoundError) as e:
+    except (ConvertError, OfficialFormatError, FileNotFoundError, FileExistsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.to_official:

@@ -19,6 +19,8 @@ one H200, ``--gpus 0,0``; ``lr`` and ``lr-wide`` first, since the others train a
     lr         FoX (Pro) and Transformer (Pro), peak lr 1e-3 and 2e-3, seed 0
     lr-wide    the same at 5e-4 and 4e-3: with ``lr``, a 4-point sweep per model
     main       FoX (Pro) and Transformer (Pro) seed 1; FoX (LLaMA) and Transformer (LLaMA), seed 0
+    lr-llama   FoX (LLaMA) at 5e-4, 2e-3, 4e-3 and Transformer (LLaMA) at 5e-4, 1e-3, 4e-3, seed 0: with ``main``,
+               each LLaMA model's own 4-point sweep (the suite still trains them at the Pro picks)
     ablations  Table 3 from FoX (Pro): - KV-shift, - output gate, - output norm, - QK-norm
     gates      Table 3 (cont.): data-independent and fixed forget gates, FoX (Pro) + RoPE, Transformer w/o RoPE
     acp        FoX (Pro) with ACP (model.acp=true), seeds 0 and 1, checkpoints kept to measure pruning over training
@@ -62,6 +64,9 @@ SIZE = "125m"
 VOCAB_SIZE, DOC_LEN = 16384, 16384
 DEFAULT_SHARDS = ("train-00", "train-01")
 SWEEP = {"lr": (1e-3, 2e-3), "lr-wide": (5e-4, 4e-3)}
+# The LLaMA pair's own sweep: with the main part's run (FoX (LLaMA) at 1e-3, Transformer (LLaMA) at 2e-3, the Pro
+# picks) each model has the four rates of the Pro sweep
+LLAMA_SWEEP = {"fox_llama": (5e-4, 2e-3, 4e-3), "transformer_llama": (5e-4, 1e-3, 4e-3)}
 NIAH_LENGTHS, NIAH_DEPTHS = "2k,4k,8k,16k", "0,50,100"
 GATES_LEN, ACP_LEN = 1024, 4096  # tokens of a held-out book: F / A maps; ACP statistics (the training length)
 ACP_CHECKPOINTS = 8  # the ACP runs keep this many checkpoints, evenly spaced, to measure pruning over training
@@ -99,6 +104,8 @@ def suite() -> list[Run]:
              Run("transformer_pro", "transformer_pro", "transformer", "main", seed=1, niah=True),
              Run("fox_llama", "fox_llama", "fox", "main", niah=True, gates=True),
              Run("transformer_llama", "transformer_llama", "transformer", "main", niah=True)]
+    for model, lrs in LLAMA_SWEEP.items():
+        runs += [Run(model, model, model.split("_")[0], "lr-llama", lr=lr) for lr in lrs]
     for switch in ("kv_shift", "output_gate", "output_norm", "qk_norm"):
         runs.append(Run(f"fox_pro_no_{switch}", "fox_pro", "fox", "ablations", overrides=[f"model.{switch}=false"]))
     runs += [Run("fox_pro_data_independent", "fox_pro_data_independent", "fox", "gates"),
@@ -122,7 +129,7 @@ def suite() -> list[Run]:
     return runs
 
 
-PARTS = ("lr", "lr-wide", "main", "ablations", "gates", "acp", "path", "released")
+PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released")
 # The Pro models of every part but "released" keep the definition they were trained with: the output norm's
 # weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
 # now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
@@ -152,15 +159,19 @@ def pick_lr(out: Path, family: str) -> float:
 
 
 def planned(runs: list[Run], out: Path, parts: list[str]) -> list[tuple[Run, float]]:
-    """(run, lr) for every run of the given parts, the sweep's picks filled in."""
+    """(run, lr) for every run of the given parts, the sweep's picks filled in. A run that another part of the call
+    already holds (the same name: ``lr-llama`` at a rate that is a pick of ``main``) is planned once, in the first."""
     picks: dict[str, float] = {}
-    todo = []
+    todo, names = [], set()
     for run in runs:
         if run.part not in parts:
             continue
         if run.lr is None and run.family not in picks:
             picks[run.family] = pick_lr(out, run.family)
-        todo.append((run, run.lr if run.lr is not None else picks[run.family]))
+        lr = run.lr if run.lr is not None else picks[run.family]
+        if run.name(lr) not in names:
+            names.add(run.name(lr))
+            todo.append((run, lr))
     return todo
 
 

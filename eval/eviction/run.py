@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from eval.cli import positive_int
 from eval.common import check_same_tokenizer, load_run
 from forgetting_transformer.data import read_rows
 from forgetting_transformer.data.longcrawl64 import open_token_array
@@ -112,24 +113,21 @@ def table(results: list[dict]) -> str:
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories written by train.py")
-    p.add_argument("--rows", type=int, default=8, help="held-out rows, spread evenly over the split")
-    p.add_argument("--length", type=int, default=16384, help="tokens per row scored")
-    p.add_argument("--chunk", type=int, default=1024, help="tokens per forward through the cache")
-    p.add_argument("--prompt-len", type=int, default=8192)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--rows", type=positive_int, default=8, help="held-out rows, spread evenly over the split")
+    p.add_argument("--length", type=positive_int, default=16384, help="tokens per row scored")
+    p.add_argument("--chunk", type=positive_int, default=1024, help="tokens per forward through the cache")
+    p.add_argument("--prompt-len", type=positive_int, default=8192)
+    p.add_argument("--new-tokens", type=positive_int, default=64)
+    p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument("--threshold", type=float, default=None,
                    help="an explicit eviction threshold delta < 0 (default: ACP's 'auto' rule from QK-norm)")
     p.add_argument("--data-dir", default=None, help="default: the run's data.data_dir")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--step", type=positive_int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="weights and cache (default: bfloat16 on CUDA, float32 on the CPU)")
     p.add_argument("--out", type=Path, help="directory for <run name>.json")
     a = p.parse_args(argv)
-    for flag in ("rows", "length", "chunk", "prompt_len", "new_tokens", "batch_size"):
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be >= 1; got {getattr(a, flag)}")
     results = []
     for run in a.runs:
         results.append(evaluate_run(run, a))

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from eval.cli import positive_int
 from eval.gates import analysis
 from forgetting_transformer.ops import acp
 
@@ -180,7 +181,7 @@ def main(argv=None) -> None:
     p.add_argument("--run", required=True, help="run directory (train.py) or Hugging Face dir (export_hf.py)")
     p.add_argument("--out", required=True, help="output directory for the arrays, JSON files and plots")
     p.add_argument("--text-file", default=None, help="UTF-8 text (default: the embedded Gutenberg corpus)")
-    p.add_argument("--length", type=int, default=512, help="tokens of the text to analyse (default 512)")
+    p.add_argument("--length", type=positive_int, default=512, help="tokens of the text to analyse (default 512)")
     p.add_argument("--layers", default=None, help="comma-separated layer indices for F / A (default: up to 4 "
                    "spread over the depth)")
     p.add_argument("--heads", default=None, help="comma-separated head indices for F / A (default 0,1,2,3)")
@@ -189,7 +190,7 @@ def main(argv=None) -> None:
     p.add_argument("--threshold", default="auto", help="ACP threshold delta: 'auto' or a negative number")
     p.add_argument("--eps", type=float, default=acp.DEFAULT_EPS, help="ACP's bound on the pruned attention "
                    "weight per row, for 'auto' (default e^-10)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run dir (default: latest)")
+    p.add_argument("--step", type=positive_int, default=None, help="checkpoint step of a run dir (default: latest)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or HF tokenizer dir (default: the model's)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = p.parse_args(argv)

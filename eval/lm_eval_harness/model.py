@@ -68,6 +68,19 @@ class FoXLM(TemplateLM):
         """model_args (``pretrained=`` is lm-eval's usual name for ``path``; an unknown key is an error naming the
         known ones) win over the CLI's / simple_evaluate's generic settings. The CLI's ``device`` defaults to
         cuda:0: where no CUDA device exists the model runs on the CPU and says so."""
+        args = cls.checked_model_args(arg_dict)
+        known = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        extra = {k: v for k, v in (additional_config or {}).items()
+                 if v is not None and k in known and k not in args}
+        if str(extra.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
+            print(f"lm-eval's device {extra['device']} does not exist here (no CUDA): running on cpu")
+            extra["device"] = "cpu"
+        return cls(**args, **extra)
+
+    @classmethod
+    def checked_model_args(cls, arg_dict) -> dict:
+        """model_args with ``pretrained`` renamed ``path``; a key ``__init__`` does not take is an error naming it
+        and the known ones."""
         args = dict(arg_dict)
         if "pretrained" in args:
             if "path" in args:
@@ -78,12 +91,7 @@ class FoXLM(TemplateLM):
         if unknown:
             raise ValueError(f"model_args: unknown key(s) {', '.join(unknown)} for model fox; known: "
                              f"{', '.join(sorted(known | {'pretrained'}))}")
-        extra = {k: v for k, v in (additional_config or {}).items()
-                 if v is not None and k in known and k not in args}
-        if str(extra.get("device", "")).startswith("cuda") and not torch.cuda.is_available():
-            print(f"lm-eval's device {extra['device']} does not exist here (no CUDA): running on cpu")
-            extra["device"] = "cpu"
-        return cls(**args, **extra)
+        return args
 
     @classmethod
     def create_from_arg_string(cls, arg_string, additional_config=None):

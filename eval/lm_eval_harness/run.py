@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from eval.cli import positive_int
+
 # task → the lm-eval metrics (filter "none") that Table 1 reports; for lambada_openai both ppl and acc.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
     "wikitext": ("word_perplexity",),
@@ -154,14 +156,31 @@ def task_manager(include_path: str | None):
     return TaskManager(include_path=include_path) if include_path else TaskManager()
 
 
+def check_tasks(tasks: list[str], include_path: str | None) -> None:
+    """Refuse a task name that lm-eval (with ``include_path``'s YAMLs) does not know, naming it and the nearest
+    known names, before any model loads. Glob patterns count as lm-eval matches them; a task YAML's path or a
+    directory is lm-eval's to read."""
+    import difflib
+
+    manager = task_manager(include_path)
+    for task in tasks:
+        if task.endswith(".yaml") or Path(task).is_dir() or manager.match_tasks([task]):
+            continue
+        near = difflib.get_close_matches(task, manager.all_tasks, n=3)
+        hint = f"nearest: {', '.join(near)}" if near else "lm-eval ls tasks lists the known ones"
+        raise ValueError(f"--tasks: no lm-eval task named {task!r} ({hint})")
+
+
 def evaluate_model(path, out_dir, *, tasks: list[str], batch_size: int = 8, max_length: int = 16384,
                    device: str | None = None, step: int | None = None, tokenizer: str | None = None,
                    include_path: str | None = None, limit: float | dict | None = None, name: str | None = None,
                    dtype: str = "auto") -> Path:
-    """Evaluate one model on ``tasks`` and write (or add to) ``<out_dir>/<model dir name>.json``. ``limit``: one
-    for every task, or ``{task: limit}`` (tasks not named run whole)."""
+    """Evaluate one model on ``tasks`` (checked by name before the model loads) and write (or add to)
+    ``<out_dir>/<model dir name>.json``. ``limit``: one for every task, or ``{task: limit}`` (tasks not named run
+    whole)."""
     from eval.lm_eval_harness.model import FoXLM
 
+    check_tasks(tasks, include_path)
     limits = limit if isinstance(limit, dict) else dict.fromkeys(tasks, limit)
     lm = FoXLM(path=str(path), step=step, tokenizer=tokenizer, device=device, batch_size=batch_size,
                max_length=max_length, dtype=dtype)
@@ -185,12 +204,12 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="output directory: one <name>.json per model")
     p.add_argument("--tasks", default=",".join(PAPER_TASKS), help="comma-separated lm-eval tasks (default: Table 1)")
     p.add_argument("--include-path", default=None, help="directory of extra (local) task YAMLs")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--max-length", type=int, default=16384, help="max tokens per forward (longer inputs are "
-                   "left-truncated; wikitext documents are scored in windows of this size)")
+    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--max-length", type=positive_int, default=16384, help="max tokens per forward (longer "
+                   "inputs are left-truncated; wikitext documents are scored in windows of this size)")
     p.add_argument("--limit", default=None, help="documents per task (a fraction if < 1): N for every task, "
                    "TASK=N,... for some (the others whole), or N,TASK=M,...; for smoke runs")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--step", type=positive_int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or HF tokenizer dir (default: the run's)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eval.cli import add_generation_args
+from eval.cli import add_generation_args, positive_int
 
 if TYPE_CHECKING:  # (eval.common imports torch: loaded when a run starts)
     from eval.common import GenerationOptions
@@ -215,17 +215,17 @@ def main(argv=None) -> None:
     p.add_argument("--datasets", nargs="+", default=None,
                    help=f"default: Table 2's {len(TABLE2_DATASETS)} tasks ({' '.join(TABLE2_DATASETS)})")
     p.add_argument("--data-dir", default=None, help="local dir of <dataset>.jsonl (default: THUDM/LongBench online)")
-    p.add_argument("--max-length", type=int, default=15500, help="prompt tokens kept by middle truncation "
+    p.add_argument("--max-length", type=positive_int, default=15500, help="prompt tokens kept by middle truncation "
                    "(FoX paper: 15500 for 16k-context models)")
-    p.add_argument("--limit", type=int, default=None, help="first K examples per dataset (smoke tests)")
+    p.add_argument("--limit", type=positive_int, default=None, help="first K examples per dataset (smoke tests)")
     p.add_argument("--postprocess", choices=POSTPROCESS_MODES, default="paper",
                    help="paper: first line of every prediction (FoX's eval.py); official: only trec/triviaqa/samsum")
     p.add_argument("--truncation", choices=("ids", "text"), default="ids",
                    help="ids: cut the token ids; text: LongBench's decode-and-retokenize")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="cap on dataset2maxlen's generation lengths (smoke tests only; not comparable to the paper)")
     p.add_argument("--name", default=None, help="row label in the table (default: model name (dir name))")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run dir (default: latest)")
+    p.add_argument("--step", type=positive_int, default=None, help="checkpoint step of a run dir (default: latest)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json / HF tokenizer dir (default: the run's)")
     p.add_argument("--overwrite", action="store_true", help="redo datasets whose predictions are complete")
     p.add_argument("--rescore", action="store_true", help="only recompute scores.json from --out's predictions")

@@ -3,7 +3,8 @@
     python -m eval.niah.plot RESULT.json [RESULT.json ...] --out niah.png [--no-annotate]
 
 One panel per JSON file: x = context length (tokens), y = needle depth (%), colour = score 1 (red) → 10 (green);
-the title gives the model, the mode and the average score; a dashed line marks the training length when known.
+the title gives the model, the mode and the average score on its scale; the colour bar says what the scores mean
+(the JSON's ``scale``); a dashed line marks the training length when known.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import numpy as np
 from matplotlib.colors import LinearSegmentedColormap
 
 from eval.plotting import plt, save_figure
+
+# the scale of result files written before they recorded theirs: the recall score's, or a judge's
+OLD_SCALES = {False: "1–10 (1: none of the answer's key words, 10: all of them)",
+              True: "1–10 (scored by a judge; 1: worst, 10: best)"}
 
 # The red → yellow → green map of the usual NIAH plots (gkamradt's and FoX's plot scripts).
 CMAP = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])
@@ -67,10 +72,12 @@ def plot_niah(result_files, out_png, *, annotate: bool = True) -> Path:
             ax.annotate(f"train len {_fmt_len(train_len)}", (x, 0), xycoords=("data", "axes fraction"),
                         xytext=(3, 3), textcoords="offset points", fontsize=8)
         mean = float(np.mean([e["score"] for e in res["results"]]))
-        ax.set_title(f"{res['name']}, {res.get('mode', 'standard')}\naverage score {mean:.2f}")
+        ax.set_title(f"{res['name']}, {res.get('mode', 'standard')}\naverage score {mean:.2f} of 1–10")
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth (%)")
-    fig.colorbar(im, ax=axes[0].tolist(), label="score (1-10)", fraction=0.04, pad=0.02)
+    scales = dict.fromkeys(res.get("scale") or OLD_SCALES[bool(res.get("judge"))] for res in results)
+    label = "score " + "\n".join(scales).replace(" (", "\n(")
+    fig.colorbar(im, ax=axes[0].tolist(), label=label, fraction=0.04, pad=0.02)
     return save_figure(fig, out_png, dpi=120, bbox_inches="tight")
 
 

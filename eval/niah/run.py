@@ -33,6 +33,8 @@ Dolores Park on a sunny day" without the stop words a/and/in/on: eat, sandwich, 
 among the generated words (lower-cased, punctuation dropped): ``score = 1 + 9 r``, so the whole phrase → 10,
 none of it → 1. ``--judge MODULE:FUNC`` replaces it: ``FUNC(prediction=..., question=..., needle=...)`` must
 return a number in [1, 10] (e.g. an LLM judge as in FoX's ``eval/niah/eval.py``); the recall score is kept too.
+The scale is printed with every mean score and recorded in the JSON (``scale``): 1 is its floor, not a perfect
+score.
 
 Output: ``<out>/<model dir>_<mode>.json`` per model (one entry per (length, depth)) and ``<out>/niah_<mode>.png``
 (re-plot with ``python -m eval.niah.plot``).
@@ -48,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from eval.cli import add_generation_args
+from eval.cli import add_generation_args, positive_int
 from eval.common import GenerationOptions, generate_texts, load_model_and_tokenizer, prepare_for_generation
 
 NEEDLE_ANSWER = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
@@ -64,6 +66,7 @@ PROMPT_SUFFIX = ("\n\nThere is an important piece of information hidden inside t
 KEY_PHRASE = "eat a sandwich and sit in Dolores Park on a sunny day"
 STOP_WORDS = frozenset({"a", "and", "in", "on"})
 KEY_WORDS = tuple(w for w in re.findall(r"[a-z0-9]+", KEY_PHRASE.lower()) if w not in STOP_WORDS)
+RECALL_SCALE = f"1–10 (1: none of the answer's {len(KEY_WORDS)} key words, 10: all of them)"
 DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 DEFAULT_DEPTHS = tuple(range(0, 101, 10))
 
@@ -84,6 +87,11 @@ def recall(prediction: str) -> float:
 def score_answer(prediction: str) -> float:
     """1 + 9 × recall: 10 when the whole key phrase is there, 1 when none of its key words is."""
     return 1.0 + 9.0 * recall(prediction)
+
+
+def score_scale(judge: str | None) -> str:
+    """What the scores mean, printed and recorded beside them: the recall scale, or the judge's."""
+    return f"1–10 (scored by the judge {judge}; 1: worst, 10: best)" if judge else RECALL_SCALE
 
 
 def load_judge(spec: str | None):
@@ -237,9 +245,10 @@ def evaluate_model(path, out_dir, *, mode: str = "standard", lengths=DEFAULT_LEN
         "name": name, "mode": mode, "source": info["source"], "train_len": info["train_len"],
         "haystack": str(haystack) if haystack else "embedded:gutenberg_sample", "needle": NEEDLES[mode],
         "prompt_suffix": PROMPT_SUFFIX, "key_words": list(KEY_WORDS), "max_new_tokens": max_new_tokens,
-        "dtype": generation.dtype_name(device), "judge": judge, "mean_score": mean, "results": results},
-        indent=1))
-    print(f"{name} [{mode}]: mean score {mean:.2f} over {len(results)} cells → {out}")
+        "dtype": generation.dtype_name(device), "judge": judge, "scale": score_scale(judge), "mean_score": mean,
+        "results": results}, indent=1))
+    print(f"{name} [{mode}]: mean score {mean:.2f} on the scale {score_scale(judge)} over {len(results)} cells "
+          f"→ {out}")
     return out
 
 
@@ -255,9 +264,9 @@ def main(argv=None) -> None:
     p.add_argument("--haystack", default=None,
                    help="directory of .txt files (sorted order; e.g. the Paul Graham essays) or a .txt/.jsonl file "
                         "(default: the embedded Gutenberg corpus)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=positive_int, default=32)
     p.add_argument("--judge", default=None, help="MODULE:FUNC scoring each answer in [1, 10] (default: recall)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step of a run dir (default: latest)")
+    p.add_argument("--step", type=positive_int, default=None, help="checkpoint step of a run dir (default: latest)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json or HF tokenizer dir (default: the model's)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_generation_args(p)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from eval.cli import positive_int
 from eval.common import check_same_tokenizer, load_model_and_tokenizer, load_run
 from eval.per_token_loss.plot import plot_per_token_loss
 from forgetting_transformer.data import read_rows
@@ -62,11 +63,12 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories written by train.py, or Hugging Face exports")
     p.add_argument("--out", required=True, help="output directory for JSON files and the plot")
-    p.add_argument("--rows", type=int, default=8, help="held-out rows to average over, spread evenly over the split")
-    p.add_argument("--length", type=int, default=None, help="tokens per row (default: the training seq_len)")
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--rows", type=positive_int, default=8,
+                   help="held-out rows to average over, spread evenly over the split")
+    p.add_argument("--length", type=positive_int, default=None, help="tokens per row (default: the training seq_len)")
+    p.add_argument("--batch-size", type=positive_int, default=4)
     p.add_argument("--data-dir", default=None, help="default: the run's data.data_dir")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--step", type=positive_int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--window", type=int, default=101)
     p.add_argument("--logx", action="store_true")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

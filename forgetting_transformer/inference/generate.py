@@ -271,7 +271,12 @@ def _token_ids(value, name: str, vocab_size: int, device) -> torch.Tensor | None
     return torch.tensor(ids, dtype=torch.int64, device=device)
 
 
-def _check(max_new_tokens, prefill_chunk, cuda_graph, device) -> bool:
+CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # generate()'s dtype
+
+
+def _check(max_new_tokens, prefill_chunk, cuda_graph, dtype, device) -> bool:
+    if dtype is not None and dtype not in CACHE_DTYPES:
+        raise ValueError(f"dtype must be None or one of {', '.join(map(str, CACHE_DTYPES))}; got {dtype!r}")
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
     if prefill_chunk is not None and not (isinstance(prefill_chunk, int) and prefill_chunk >= 1):
@@ -306,12 +311,13 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, do_s
         compile_step: compile the decoding step with ``torch.compile`` (default: on CUDA): Inductor fuses the
         step's small kernels (norms, gates, shifts, casts), which halves the time per token at small batches;
         the first call compiles (tens of seconds); later calls of other batch sizes, lengths and pools reuse it.
-    dtype: of the cached keys and values (default: the autocast dtype if autocast is on, else the model's).
+    dtype: of the cached keys and values, a floating ``torch.dtype`` (``CACHE_DTYPES``; default: the autocast
+        dtype if autocast is on, else the model's).
     Returns a ``GenerationOutput``.
     """
     lm = decoder_of(model)
     device = lm.embed.weight.device
-    cuda_graph = _check(max_new_tokens, prefill_chunk, cuda_graph, device)
+    cuda_graph = _check(max_new_tokens, prefill_chunk, cuda_graph, dtype, device)
     sampler = Sampler(do_sample, temperature, top_k, top_p)
     eos = _token_ids(eos_token_id, "eos_token_id", lm.cfg.vocab_size, device)
     pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if eos is not None else 0)

@@ -106,8 +106,14 @@ class CausalLM(nn.Module):
         return chunked_cross_entropy(h, self.lm_head.weight, labels, self.cfg.loss_chunk, self.chunk_loss)  # (B, T)
 
     def check_token_ids(self, input_ids: torch.Tensor) -> None:
-        if input_ids.numel() and int(input_ids.max()) >= self.cfg.vocab_size:
-            raise ValueError(f"token id {int(input_ids.max())} >= model.vocab_size={self.cfg.vocab_size}")
+        """Token ids must be in [0, vocab_size): the embedding would raise an IndexError naming neither."""
+        if not input_ids.numel():
+            return
+        low, high = (int(v) for v in torch.aminmax(input_ids))
+        if low < 0:
+            raise ValueError(f"token id {low} < 0: token ids must be in [0, model.vocab_size={self.cfg.vocab_size})")
+        if high >= self.cfg.vocab_size:
+            raise ValueError(f"token id {high} >= model.vocab_size={self.cfg.vocab_size}")
 
 
 class DecoderLM(CausalLM):
@@ -153,6 +159,10 @@ class DecoderLM(CausalLM):
             if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.cfg.d_model:
                 raise ValueError(f"inputs_embeds must be (batch, seq_len, d_model={self.cfg.d_model}); "
                                  f"got shape {tuple(inputs_embeds.shape)}")
+            finite = torch.isfinite(inputs_embeds).all(-1)  # (B, T)
+            if not bool(finite.all()):
+                b, t = (int(i) for i in (~finite).nonzero()[0])
+                raise ValueError(f"inputs_embeds must be finite; row {b}, position {t} holds NaN or inf")
         else:
             self.check_token_ids(input_ids)
         if cache is not None and len(cache) != len(self.blocks):

@@ -10,9 +10,12 @@ data's text escape) with ``AutoTokenizer``, so ``AutoModelForCausalLM.from_pretr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import shutil
 from enum import Enum
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -500,6 +503,32 @@ def _same_start(cached: torch.Tensor | None, new: torch.Tensor | None, new_absen
     if cached is None or new is None:
         return False
     return bool(torch.equal(cached.to(new.device), new))
+
+
+@contextlib.contextmanager
+def written_whole(out: str | Path, overwrite: bool = False):
+    """A model directory written whole or not at all (``scripts/export_hf.py``, ``scripts/convert_official.py``):
+    yields a temporary sibling of ``out`` to write into, which takes the place of ``out`` when the block ends; an
+    error in the block removes it and leaves ``out`` as it was. ``out`` must be absent or an empty directory unless
+    ``overwrite`` (FileExistsError naming it)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out}: not empty; pass --overwrite to replace what is there")
+    tmp, old = out.with_name(out.name + ".tmp"), out.with_name(out.name + ".old")
+    for stale in (tmp, old):  # left by a process killed in here
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 AutoConfig.register(MODEL_TYPE, FoXConfig, exist_ok=True)

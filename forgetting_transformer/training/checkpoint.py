@@ -6,8 +6,8 @@ one is removed by renaming it to ``step_00000123.old`` before deleting it, so at
 directory is a whole checkpoint: a crash mid-write or mid-delete leaves the previous ones loadable, and the
 ``.tmp``/``.old`` leftovers are cleared by the next save or resume. Weights that are not finite are never saved;
 a resume checks each checkpoint's checksums and falls back from a damaged one to the newest one that loads
-(``load_latest_checkpoint``); a checkpoint that cannot be written (a full disk) raises ``RunDirError`` and leaves
-nothing of itself.
+(``load_latest_checkpoint``); a checkpoint that cannot be written (a full disk) raises ``RunDirError`` naming the
+cause and leaves nothing of itself.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from .distributed import barrier, broadcast_from_main
-from .rundir import RunDirError
+from .rundir import RunDirError, write_cause
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 CHECKSUMS = "checksums.json"
@@ -112,10 +112,16 @@ def params_finite(model: torch.nn.Module) -> bool:
     return not bool(bad)
 
 
+def _first_failure(e: BaseException) -> BaseException:
+    """The first rank's own error of DCP's CheckpointException; ``e`` itself otherwise."""
+    if isinstance(e, CheckpointException) and e.failures:
+        return next(iter(e.failures.values()))[0]
+    return e
+
+
 def describe(e: BaseException) -> str:
     """One line for an error, looking through DCP's CheckpointException to the first rank's own error."""
-    if isinstance(e, CheckpointException) and e.failures:
-        e = next(iter(e.failures.values()))[0]
+    e = _first_failure(e)
     text = str(e).splitlines()[0] if str(e) else ""
     return f"{type(e).__name__}: {text}" if not isinstance(e, OSError) else text or type(e).__name__
 
@@ -212,7 +218,8 @@ def save_checkpoint(state: TrainState, root: str | Path, keep: int) -> Path:
     if failure is not None:
         if main:
             shutil.rmtree(tmp, ignore_errors=True)  # frees the space the partial write took
-        raise RunDirError(f"could not write checkpoint {final.name} in {root}: {describe(failure)}; nothing of it "
+        cause = write_cause(_first_failure(failure)) or describe(failure)  # a full disk as torch's writer wraps it
+        raise RunDirError(f"could not write checkpoint {final.name} in {root}: {cause}; nothing of it "
                           f"was kept (the newest complete checkpoint is {latest_checkpoint(root)}); free space (or "
                           "fix the directory), then resume=true continues from there") from failure
     return final

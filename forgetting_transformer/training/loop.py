@@ -6,8 +6,10 @@ the config and the ``RunContext`` that ``training.run.run`` made (rank, device, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from omegaconf import OmegaConf
 from ..data import LongCrawl64Dataset, ensure_data, load_meta, read_rows
 from ..models import build_model, resolve_heads
 from ..plotting import plot_per_token_loss
+from .changes import record_changes
 from .checkpoint import (TrainState, clear_leftovers, latest_checkpoint, load_latest_checkpoint, prune_checkpoints,
                          save_checkpoint)
 from .distributed import mean_across_ranks
@@ -29,7 +32,7 @@ from .optim import build_optimizer
 from .parallel import autocast_needed, parallelize, set_grad_sync
 from .preemption import Preempted, PreemptionFlag
 from .progress import Progress, rate_text
-from .rundir import write_atomic
+from .rundir import RunDirError, not_written, on_main, write_atomic
 from .run import RunContext
 from .schedule import lr_at
 
@@ -47,7 +50,9 @@ class Setup:
     flops_tok: float
     data_kw: dict
     preemption: PreemptionFlag
+    heldout_data: LongCrawl64Dataset
     heldout: float = float("nan")
+    heldout_covers: str = ""  # what the held-out loss covers of the split (HeldoutLoss.covers)
 
 
 def build(cfg, ctx: RunContext) -> Setup:
@@ -59,8 +64,6 @@ def build(cfg, ctx: RunContext) -> Setup:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     mixed = cfg.strategy.mixed_precision == "bf16" or (cfg.strategy.mixed_precision == "auto" and device.type == "cuda")
-    if dist.is_main:
-        write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg))
     metrics.say(f"output dir: {out}")
 
     # Data: prepare the corpus on first use (idempotent), then read seq_len chunks of train.zarr rows; each
@@ -74,6 +77,7 @@ def build(cfg, ctx: RunContext) -> Setup:
     train_data = LongCrawl64Dataset(data_dir / "train.zarr", cfg.data.seq_len, mb, rank=dist.rank,
                                     world_size=dist.world_size, shuffle=cfg.data.shuffle, seed=cfg.seed,
                                     skip_zero_rows=cfg.data.skip_zero_rows, **data_kw)
+    heldout = open_heldout(cfg, data_dir, data_kw)
 
     with torch.device("meta"):  # shapes only: parallelize() allocates each rank's shard and initialises it
         model = build_model(cfg.model)
@@ -97,12 +101,23 @@ def build(cfg, ctx: RunContext) -> Setup:
                 f"({train_cfg.batch_size // (mb * dist.world_size)} micro-batches of {mb} per rank)")
     ctx.built = True
     return Setup(autocast_needed(cfg.strategy, mixed), data_dir, model, optimizer, state, total_steps, flops_tok,
-                 data_kw, PreemptionFlag())
+                 data_kw, PreemptionFlag(), heldout)
+
+
+def open_heldout(cfg, data_dir: Path, data_kw: dict) -> LongCrawl64Dataset:
+    """heldout.zarr, opened and checked as train.zarr is (shape, dtype, chunk files, meta.json), with its first
+    batch read (token ids in range, no all-zero row): a damaged held-out split stops the run before its first step,
+    not once training is over."""
+    heldout = LongCrawl64Dataset(data_dir / "heldout.zarr", cfg.data.seq_len, cfg.train.micro_batch_size,
+                                 shuffle=False, **data_kw)
+    heldout.read_sequences(heldout.sequence_indices(0, 0))  # reads without moving the reader's position
+    return heldout
 
 
 def resume(cfg, ctx: RunContext, state: TrainState) -> None:
     """Load the newest loadable checkpoint of the run dir into ``state`` (none: step 0), after clearing what a
-    crash left of a save, removal or prune, and cut metrics.jsonl back to the state it holds."""
+    crash left of a save, removal or prune, and cut metrics.jsonl back to the state it holds; then record what the
+    config changes from the next step on (``changes.record_changes``)."""
     ckpts, metrics = ctx.out / "checkpoints", ctx.metrics
     if ctx.dist.is_main:
         clear_leftovers(ckpts)  # of a save or removal that a crash cut short
@@ -113,6 +128,7 @@ def resume(cfg, ctx: RunContext, state: TrainState) -> None:
     metrics.truncate_for_resume(state.step)
     metrics.say(f"resumed from {ckpt} (step {state.step}, {state.tokens:,} tokens)" if ckpt else
                 f"resume=true: no checkpoint in {ckpts}; starting from step 0")
+    on_main(lambda: record_changes(ctx.out, cfg, state.step, metrics.say), ctx.dist.is_main)
 
 
 def train(cfg, ctx: RunContext, setup: Setup) -> None:
@@ -199,9 +215,11 @@ def evaluate(cfg, ctx: RunContext, setup: Setup) -> None:
     kw = dict(device=device, mixed_precision=setup.autocast, progress=ctx.dist.is_main,
               after_batch=lambda: setup.preemption.raise_if_stopping(device))
     try:
-        heldout = LongCrawl64Dataset(data_dir / "heldout.zarr", cfg.data.seq_len, mb, shuffle=False, **setup.data_kw)
-        setup.heldout = heldout_loss(model, heldout, cfg.eval.heldout_batches, **kw)
-        ctx.metrics.log({"step": setup.state.step, "heldout_loss": setup.heldout})
+        heldout = setup.heldout_data
+        held = heldout_loss(model, heldout, cfg.eval.heldout_batches, **kw)
+        setup.heldout, setup.heldout_covers = held.loss, held.covers()
+        ctx.metrics.log({"step": setup.state.step, **held.record()})
+        ctx.metrics.say(held.text())
         if not cfg.eval.per_token_loss:
             return
         length = cfg.eval.per_token_len or heldout.doc_len
@@ -222,5 +240,12 @@ def save_per_token_loss(cfg, ctx: RunContext, setup: Setup, rows: list[int], cur
     write_atomic(ptl, json.dumps({"name": cfg.model.name, "train_len": cfg.data.seq_len, "step": setup.state.step,
                                   "data": str(setup.data_dir / "heldout.zarr"), "tokenizer_fingerprint": fingerprint,
                                   "rows": rows, "loss": curve.tolist()}))
-    plot_per_token_loss([ptl], png, window=cfg.eval.window)
+    tmp = png.with_name(f"{png.stem}.tmp{png.suffix}")  # replaced in one step, as the other files of the run
+    try:
+        plot_per_token_loss([ptl], tmp, window=cfg.eval.window)
+        os.replace(tmp, png)
+    except OSError as e:
+        with contextlib.suppress(OSError):  # a read-only file system refuses the removal too
+            tmp.unlink(missing_ok=True)
+        raise RunDirError(not_written(png, e)) from e
     ctx.metrics.say(f"per-token loss: {ptl} and {png}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .rundir import RunDirError, write_atomic
+from .rundir import RunDirError, write_atomic, write_cause
 
 # Dense bf16 peak FLOP/s by device-name substring (checked in order). Override with train.peak_tflops.
 PEAK_BF16_FLOPS = (
@@ -129,8 +129,8 @@ class MetricsLogger:
             with self.path.open("a") as f:
                 f.write(json.dumps(record) + "\n")
         except OSError as e:  # a row cut short by it is dropped by the next resume
-            raise RunDirError(f"could not append to {self.path}: {e}; resume=true continues from the newest "
-                              "checkpoint once the directory takes writes again") from e
+            raise RunDirError(f"could not append to {self.path}: {write_cause(e) or e}; resume=true continues from "
+                              "the newest checkpoint once the directory takes writes again") from e
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in record.items() if v is not None}, step=record["step"])
 

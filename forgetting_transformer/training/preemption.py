@@ -1,5 +1,5 @@
-"""Graceful stop on SIGUSR1 / SIGTERM (SLURM sends one before the time limit or on preemption), and on SIGUSR2 when
-submitit (the hydra SLURM launcher) is listening for it.
+"""Graceful stop on SIGUSR1 / SIGTERM (SLURM sends one before the time limit or on preemption), on SIGINT (Ctrl-C),
+and on SIGUSR2 when submitit (the hydra SLURM launcher) is listening for it.
 
 The handler only sets a flag; the training loop checks it after each optimizer step, agrees on it across ranks,
 writes a checkpoint and exits with ``PREEMPTED_EXIT_CODE`` so the job script can requeue itself. The final
@@ -8,10 +8,16 @@ written, and the resumed run evaluates again. Under submitit,
 SIGUSR2 is submitit's own "about to time out / preempted" signal and its handler requeues the job: that handler
 is deferred until the checkpoint is on disk (``hand_over``), so the requeued job resumes from the step where the
 signal arrived instead of from the last periodic checkpoint.
+
+Ctrl-C says at once that the run stops after the current step; a second Ctrl-C ends the process there and then
+(the checkpoint being written is discarded: it is written atomically, so the previous ones stay whole). Under
+torchrun a Ctrl-C reaches each rank twice (from the terminal, and forwarded by torchrun's agent), so there every
+SIGINT only asks for the stop.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 
 import torch
@@ -30,8 +36,9 @@ class Preempted(Exception):
 
 
 class PreemptionFlag:
-    def __init__(self, signals=(signal.SIGUSR1, signal.SIGTERM)):
+    def __init__(self, signals=(signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)):
         self.received: int | None = None
+        self._abort_on_second_interrupt = "TORCHELASTIC_RUN_ID" not in os.environ  # set by torchrun
         self._flag: torch.Tensor | None = None
         # A Python handler already on SIGUSR2 is submitit's requeue; outside submitit SIGUSR2 keeps its default.
         self._deferred = {}
@@ -40,9 +47,21 @@ class PreemptionFlag:
             self._deferred[signal.SIGUSR2] = usr2
             signals = (*signals, signal.SIGUSR2)
         for sig in signals:
-            signal.signal(sig, self._handle)
+            # a process started with SIGINT ignored (a shell script's background job) keeps ignoring it, as Python does
+            if not (sig == signal.SIGINT and signal.getsignal(sig) == signal.SIG_IGN):
+                signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        # os.write, not print: the handler may run in the middle of a print to the same stream
+        if signum == signal.SIGINT and self.received == signal.SIGINT and self._abort_on_second_interrupt:
+            os.write(2, b"\ninterrupted again: exiting now; resume=true continues from the newest complete "
+                        b"checkpoint\n")
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+        if signum == signal.SIGINT and self.received is None and os.environ.get("RANK", "0") == "0":
+            os.write(2, b"\ninterrupted: the run stops after the current step (checkpointed) or evaluation batch; "
+                        b"Ctrl-C again stops it at once\n")
         self.received = signum
 
     def should_stop(self, device: torch.device) -> bool:

@@ -25,7 +25,7 @@ def test_eviction_report_of_a_trained_run(tiny_text_run, tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--length", "100", "--prompt-len", "96", "--new-tokens", "8"], "--prompt-len 96 + --new-tokens 8"),
-    (["--rows", "0"], "--rows must be >= 1"),
+    (["--rows", "0"], "argument --rows: must be an integer >= 1; got 0"),
 ])
 def test_bad_flags_are_named(tiny_text_run, args, message, capsys):
     with pytest.raises((ValueError, SystemExit)) as e:

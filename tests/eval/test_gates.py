@@ -192,6 +192,14 @@ def test_acp_threshold_uses_the_qk_norm_weights():
     assert stats["delta"] == pytest.approx([float(-2 * U - math.log(64) - 10.0)] * attn.n_heads, rel=1e-6)
 
 
+@pytest.mark.parametrize("flag, value", [("--length", "0"), ("--step", "-1")])
+def test_numbers_below_one_are_argparse_errors_naming_the_flag(flag, value, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run.main(["--run", "some_run", "--out", str(tmp_path), flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {flag}: must be an integer >= 1; got {value}" in err
+
+
 def test_errors_name_the_value(tmp_path):
     tf = tiny_model(**VARIANTS["transformer_pro"])
     with pytest.raises(ValueError, match=r"forget-gate matrix F needs a forget gate.*'t' has none.*--what A"):

@@ -282,6 +282,46 @@ def test_local_task_files_keep_standard_names_limits_per_task_and_one_row_per_mo
         table.render([a, tmp_path / "c.json"])
 
 
+def test_run_refuses_an_unknown_task_or_a_bad_number_in_one_line_before_loading_a_model(offline_dir, capsys):
+    """An unknown task name is named with the nearest known ones before any model loads (no/such/run is not
+    read); a number that makes no sense is argparse's error. (offline_dir: the task index the test above built.)"""
+    from eval.cli import run_cli
+    from eval.lm_eval_harness.run import main
+
+    common = ["no/such/run", "--out", "x", "--include-path", str(offline_dir)]
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(main, common + ["--tasks", "piqa,sciqq"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.startswith("error: --tasks: no lm-eval task named 'sciqq' (nearest: sciq") and err.count("\n") == 1
+    for flag in ("--batch-size", "--max-length", "--step"):
+        with pytest.raises(SystemExit) as exit_:
+            run_cli(main, common + [flag, "0"])
+        assert exit_.value.code == 2 and f"argument {flag}: must be an integer >= 1; got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--model_args", "pth=x,batch_sise=16", "--tasks", "piqa"],
+     "error: model_args: unknown key(s) batch_sise, pth for model fox; known: add_bos_token, batch_size, "),
+    (["--model_args", "path=x", "--tasks", "sciqq"], "error: --tasks: no lm-eval task named 'sciqq' (nearest: sciq"),
+], ids=["model_args", "task"])
+def test_cli_refuses_an_unknown_model_args_key_or_task_in_one_line(offline_dir, monkeypatch, capsys, args, line):
+    """lm-eval's own command line with fox: an unknown model_args key (before lm-eval starts) and an unknown task
+    name (with the nearest names) are one error line, exit code 2, no traceback."""
+    import sys
+
+    from eval.cli import run_cli
+    from eval.lm_eval_harness.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["eval.lm_eval_harness.cli"])
+    monkeypatch.setattr("lm_eval.utils.setup_logging", lambda *a, **k: None)  # its handler would outlive capsys
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(main, ["run", "--model", "fox", "--include_path", str(offline_dir), *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith(line), err[-2000:]
+
+
 def test_limit_parsing_names_the_bad_part(capsys):
     from eval.cli import run_cli
     from eval.lm_eval_harness.run import main, parse_limit

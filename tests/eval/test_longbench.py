@@ -236,7 +236,8 @@ def assert_predictions_are_greedy_alone(run_dir, out, datasets, *, max_length, m
 
 def test_bad_generation_flags_are_clear_errors(tmp_path, capsys):
     for flag, value in (("--batch-size", "0"), ("--batch-size", "-2"), ("--max-batch-tokens", "0"),
-                        ("--prefill-chunk", "x")):
+                        ("--prefill-chunk", "x"), ("--max-length", "0"), ("--limit", "0"), ("--max-new-tokens", "-1"),
+                        ("--step", "-1")):
         with pytest.raises(SystemExit) as exit_info:
             run.main(["some_run", "--out", str(tmp_path), flag, value])
         assert exit_info.value.code == 2

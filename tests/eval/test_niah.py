@@ -2,14 +2,16 @@
 greedy generation both NIAH and LongBench use (eval.common) against decoding each prompt alone."""
 
 import json
+import re
 import textwrap
+import time
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from eval.common import (GenerationOptions, generate_batched, generation_groups, load_model_and_tokenizer,
-                         prepare_for_generation, run_tokenizer)
+from eval.common import (GenerationOptions, generate_batched, generate_texts, generation_groups,
+                         load_model_and_tokenizer, prepare_for_generation, run_tokenizer)
 from eval.niah import plot, run
 from tests.inference.inference_models import LOCAL, PRO, VARIANTS, tiny
 
@@ -340,6 +342,45 @@ def test_generate_batched_passes_acp_eviction_on(monkeypatch):
     assert len(stats) == 2 and all(s["acp_eviction"] and (s["kept_fraction"] < 1).all() for s in stats)  # dropped
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_generation_names_each_batch_and_its_steps_for_the_progress_line(monkeypatch, capsys):
+    """NIAH and LongBench (generate_texts) print a line every FOX_PROGRESS_SECONDS also while one batch runs,
+    naming the batch and its prefill or decoding step, as a forward hook on the embedding sees them."""
+    stages = []
+    prompts = [list(range(1, 21)), list(range(5, 17)), [7, 8, 9]]
+    generate_batched(tiny_lm("fox_pro"), prompts, 3, GenerationOptions(batch_size=2, prefill_chunk=8),
+                     on_stage=lambda batch, step: stages.append((batch, step)))
+    first, second = "batch 1 of 2 (2 prompts of up to 20 tokens)", "batch 2 of 2 (1 prompts of up to 3 tokens)"
+    assert stages == [(first, None), (first, "prefill of 20 tokens (tokens 1-8)"),
+                      (first, "prefill of 20 tokens (tokens 9-16)"), (first, "prefill of 20 tokens (tokens 17-20)"),
+                      (first, "decoding token 2 of at most 3"), (first, "decoding token 3 of at most 3"),
+                      (second, None), (second, "prefill of 3 tokens"), (second, "decoding token 2 of at most 3"),
+                      (second, "decoding token 3 of at most 3")]
+
+    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
+
+    lm = tiny_lm("fox_pro")
+    model = FoXForCausalLM(FoXConfig.from_model_config(lm.cfg)).eval()
+    model.model.load_state_dict(lm.state_dict())
+    model.generation_config.eos_token_id = model.generation_config.pad_token_id = 0
+    model.model.blocks[0].register_forward_pre_hook(lambda module, args: time.sleep(0.3))  # a slow CPU
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens):
+            return " ".join(map(str, ids))
+
+    monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0.1")
+    texts = generate_texts(model, Tokenizer(), prompts[:2], 3, GenerationOptions(), desc="LongBench trec",
+                           unit="example")
+    assert len(texts) == 2
+    err = capsys.readouterr().err
+    head = (r"^LongBench trec: 0/2 example \(0%\) \| -- example/s \| batch 1 of 1 \(2 prompts of up to 20 tokens\) "
+            r"for 0:00:0\d: ")
+    for step in ("prefill of 20 tokens", "decoding token 2 of at most 3", "decoding token 3 of at most 3"):
+        assert re.search(head + step + r" \| elapsed 0:00:0\d \| ETA --$", err, re.M), (step, err)
+    assert err.splitlines()[-1].startswith("LongBench trec: 2/2 example (100%) | ")
+
+
 @pytest.mark.parametrize("argv, want", [([], (False, False)), (["--compile-step"], (True, False)),
                                         (["--autotune"], (False, True)),
                                         (["--no-compile-step", "--no-autotune"], (False, False))])
@@ -389,3 +430,23 @@ def test_options_dtype_chunk_and_eviction_checks():
     with pytest.raises(ValueError, match="--acp-eviction .* no QK-norm"):
         evicting.check_model(llama)
     auto.check_model(llama)
+
+
+def test_the_score_scale_is_printed_recorded_and_on_the_plot(tiny_text_run, tmp_path, capsys, monkeypatch):
+    """A mean score of 1.00 is the floor of the scale: every score line, the JSON and the plot say so."""
+    out = run.evaluate_model(tiny_text_run, tmp_path, lengths=[256], depths=[50], max_new_tokens=2, progress=False)
+    res = json.loads(out.read_text())
+    scale = "1–10 (1: none of the answer's 7 key words, 10: all of them)"
+    assert res["scale"] == scale
+    assert f"mean score {res['mean_score']:.2f} on the scale {scale} over 1 cells" in capsys.readouterr().out
+    figures = []
+    monkeypatch.setattr(plot, "save_figure", lambda fig, png, **kw: figures.append(fig) or png)
+    old = tmp_path / "old.json"  # a file written before the scale was recorded
+    old.write_text(json.dumps({k: v for k, v in res.items() if k != "scale"}))
+    plot.plot_niah([out], tmp_path / "a.png")
+    plot.plot_niah([old], tmp_path / "b.png")
+    new_fig, old_fig = figures
+    assert new_fig.axes[0].get_title().endswith(f"average score {res['mean_score']:.2f} of 1–10")
+    assert new_fig.axes[-1].get_ylabel() == "score 1–10\n(1: none of the answer's 7 key words, 10: all of them)"
+    assert old_fig.axes[-1].get_ylabel() == "score 1–10\n(1: none of the answer's key words, 10: all of them)"
+    assert run.score_scale("my_judge:judge") == "1–10 (scored by the judge my_judge:judge; 1: worst, 10: best)"

@@ -46,7 +46,7 @@ def test_load_run_restores_the_trained_weights(runs):
     x, y = read_rows(tmp / "data" / "heldout.zarr", [0], 64, vocab_size=50, bos_id=0)
     fresh = load_run(fox_pro)[0]
     torch.testing.assert_close(model(x, y), fresh(x, y), rtol=0, atol=0)  # deterministic, fully loaded
-    with pytest.raises(FileNotFoundError, match="step 7"):
+    with pytest.raises(FileNotFoundError, match="step 7.*; the steps it has: 2$"):
         load_run(fox_pro, step=7)
     with pytest.raises(FileNotFoundError, match="config.yaml"):
         load_run(tmp)
@@ -72,6 +72,31 @@ def test_cli_evaluates_beyond_training_length_and_plots(runs, tmp_path, capsys, 
     assert "per-token loss: 1/1 batch (100%) | " in capsys.readouterr().err  # 3 rows, batch size 4
     replot = plot.plot_per_token_loss(results, tmp_path / "again.png", window=3, logx=True)
     assert replot.stat().st_size > 10_000
+
+
+def test_what_a_data_dir_cannot_have_checked_is_a_note(runs, tmp_path, capsys):
+    """LongCrawl64's download has neither tokenizer.json nor meta.json: the evaluation runs and says in one line
+    that the data's tokenizer and text escape could not be checked against the model's."""
+    tmp, dirs = runs
+    data = tmp / "data"
+    run.evaluate_run(dirs[0], tmp_path, rows=1, length=64, batch_size=1, device="cpu")
+    assert (f"note: the tokenizer and text escape of {data} could not be checked against the model's: {data} has no "
+            f"tokenizer.json and no meta.json") in capsys.readouterr().err.splitlines()
+    (tmp_path / "meta_only").mkdir()
+    (tmp_path / "meta_only" / "meta.json").write_text(json.dumps({"text_escape": "json"}))  # the runs' (longcrawl64)
+    from eval.common import check_same_tokenizer
+
+    assert check_same_tokenizer(dirs[0], tmp_path / "meta_only") is None
+    assert capsys.readouterr().err == (f"note: the tokenizer of {tmp_path / 'meta_only'} could not be checked against "
+                                       f"the model's: {tmp_path / 'meta_only'} has no tokenizer.json\n")
+
+
+@pytest.mark.parametrize("flag, value", [("--rows", "0"), ("--length", "-5"), ("--batch-size", "0"), ("--step", "-1")])
+def test_numbers_below_one_are_argparse_errors_naming_the_flag(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run.main(["some_run", "--out", "x", flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {flag}: must be an integer >= 1; got {value}" in err
 
 
 def test_length_beyond_the_rows_is_a_clear_error(runs, tmp_path):
@@ -120,3 +145,37 @@ def test_data_tokenized_differently_is_refused(tiny_text_run, tmp_path):
     res = json.loads(out.read_text())
     assert res["tokenizer_fingerprint"] == tokenizer_fingerprint(own) == json.loads(
         (tmp_path / "same" / "meta.json").read_text())["tokenizer_fingerprint"]
+
+
+def test_legend_labels_tell_runs_of_one_model_apart(tmp_path, monkeypatch):
+    """Two runs of one model (train.py names both curves after the model) get their run dirs in the legend;
+    --label names each curve; identical labels are refused, naming the files."""
+    files = []
+    for run_dir, name in (("run_a", "fox_pro"), ("run_b", "fox_pro"), ("run_c", "fox_llama")):
+        (tmp_path / run_dir).mkdir()
+        f = tmp_path / run_dir / "per_token_loss.json"  # where train.py writes it
+        f.write_text(json.dumps({"name": name, "train_len": 4, "loss": [3.0, 2.0, 1.0, 1.0]}))
+        files.append(f)
+    legends = []
+
+    def save(fig, png, **kw):
+        legends.append([[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes])
+        return png
+
+    monkeypatch.setattr("forgetting_transformer.plotting.save_figure", save)
+    plot.main([str(f) for f in files] + ["--out", str(tmp_path / "a.png"), "--window", "1"])
+    assert legends[-1] == [["fox_pro (run_a)", "fox_pro (run_b)", "fox_llama"]] * 2  # both panels
+    plot.main([str(f) for f in files] + ["--out", str(tmp_path / "b.png"), "--label", "lr 1e-3", "--label",
+                                         "lr 2e-3", "--label", "LLaMA"])
+    assert legends[-1] == [["lr 1e-3", "lr 2e-3", "LLaMA"]] * 2
+    with pytest.raises(ValueError, match=r"run_a/per_token_loss.json and .*run_b/per_token_loss.json would both be "
+                                         r"labelled 'same' in the legend; give each file its own label with --label"):
+        plot.main([str(f) for f in files[:2]] + ["--out", str(tmp_path / "c.png"), "--label", "same", "--label",
+                                                 "same"])
+    (tmp_path / "elsewhere" / "run_a").mkdir(parents=True)  # a second run dir of the same name
+    twin = tmp_path / "elsewhere" / "run_a" / "per_token_loss.json"
+    twin.write_text(files[0].read_text())
+    with pytest.raises(ValueError, match=r"both be labelled 'fox_pro \(run_a\)'"):
+        plot.plot_per_token_loss([files[0], twin], tmp_path / "d.png")
+    with pytest.raises(ValueError, match=r"1 labels \(--label\) for 2 result files"):
+        plot.plot_per_token_loss(files[:2], tmp_path / "e.png", labels=["x"])

@@ -138,6 +138,8 @@ def test_left_padding_blocks_are_released():
     (dict(acp_eviction=True), "no QK-norm .*pass eviction_threshold="),
     (dict(acp_eviction=True, eviction_threshold=0.5), "eviction_threshold must be a float < 0"),
     (dict(attention_mask=torch.ones(2, 3)), "attention_mask goes with input_ids as a"),
+    (dict(dtype=torch.int32), r"dtype must be None or one of torch.float32, torch.bfloat16, .*; got torch.int32"),
+    (dict(dtype="bf16"), r"dtype must be None or one of torch.float32, .*; got 'bf16'"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, match):
     model = tiny(VARIANTS["fox_llama"])
@@ -155,6 +157,8 @@ def test_bad_inputs_are_clear_errors():
         generate(fox, torch.ones(1, 3, dtype=torch.long), torch.tensor([[1, 1, 0]]), max_new_tokens=2)
     with pytest.raises(ValueError, match="token id 200 >= model.vocab_size=97"):
         generate(fox, [[1, 200]], max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"token id -2 < 0: token ids must be in \[0, model.vocab_size=97\)"):
+        generate(fox, [[1, -2], [3]], max_new_tokens=2)
     with pytest.raises(TypeError, match="model must be a DecoderLM"):
         generate(torch.nn.Linear(2, 2), [[1]], max_new_tokens=2)
     cache = PagedKVCache.for_model(fox, 1, 20, block_size=16)

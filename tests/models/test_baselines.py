@@ -210,7 +210,7 @@ def test_bad_values_name_the_key(name, override, key):
 def test_decoder_keys_and_values_outside_the_schema_are_refused_by_hydra(name, override, line):
     with pytest.raises(ConfigCompositionException) as e:
         config(name, override)
-    assert config_error_line(e.value) == line
+    assert config_error_line(e.value).startswith(line)  # an unknown key's line goes on with the schema's keys
 
 
 def test_models_import_without_fla_and_building_one_says_how_to_install():

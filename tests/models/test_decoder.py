@@ -116,6 +116,8 @@ def test_token_id_out_of_vocab_is_a_clear_error():
     model = build_model(tiny_cfg())
     with pytest.raises(ValueError, match="token id 97 >= model.vocab_size=97"):
         model(torch.tensor([[1, 97]]))
+    with pytest.raises(ValueError, match=r"token id -1 < 0: token ids must be in \[0, model.vocab_size=97\)"):
+        model(torch.tensor([[1, -1]]))
 
 
 def test_transformer_layer_is_rope_softmax_attention():

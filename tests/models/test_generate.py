@@ -203,6 +203,18 @@ def test_generate_from_inputs_embeds_equals_recomputation_on_embeddings():
     torch.testing.assert_close(torch.stack(out.logits, dim=1), torch.stack(logits, dim=1), rtol=1e-4, atol=1e-5)
 
 
+def test_non_finite_inputs_embeds_are_refused_naming_the_position():
+    """NaN logits would pick a token (often eos) and end generation at once without a word."""
+    model = tiny(VARIANTS["fox_pro"])
+    prompt = torch.randn(2, 4, 32)
+    prompt[1, 2, 5] = float("nan")
+    with pytest.raises(ValueError, match="inputs_embeds must be finite; row 1, position 2 holds NaN or inf"):
+        model.generate(inputs_embeds=prompt, max_new_tokens=3, eos_token_id=0, pad_token_id=0)
+    prompt[1, 2, 5] = float("inf")
+    with pytest.raises(ValueError, match="row 1, position 2"):
+        model(inputs_embeds=prompt)
+
+
 CROP_VARIANTS = ["fox_llama", "fox_pro", "transformer_pro_gqa"]
 
 

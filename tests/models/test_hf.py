@@ -237,6 +237,24 @@ def test_export_loads_with_auto_classes_and_matches_the_training_model(run, tmp_
     assert isinstance(tok.decode(out[0]), str)
 
 
+def test_export_of_a_missing_step_names_the_steps_and_a_used_out_dir_needs_overwrite(run, tmp_path):
+    tmp, run_dir = run
+    res = export_cli(run_dir, tmp_path / "hf", "--step", 7)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert res.stderr.splitlines() == [f"error: no complete checkpoint (step 7) under {run_dir / 'checkpoints'}; "
+                                       f"the steps it has: 2"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    export = export_fn()
+    with pytest.raises(FileExistsError, match=f"{out}: not empty; pass --overwrite"):
+        export(run_dir, out)
+    assert (out / "keep.txt").read_text() == "mine"
+    export(run_dir, out, overwrite=True)  # written beside out, then renamed into its place
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_export_without_a_tokenizer_is_a_clear_error_and_tokenizer_flag_fixes_it(run, tmp_path):
     tmp, run_dir = run
     # A run whose data dir has no tokenizer.json (like GPT-2-tokenised LongCrawl64).

@@ -236,12 +236,12 @@ def test_an_older_config_without_the_sharing_flag_takes_it_from_the_weights(rele
 
 
 def test_a_non_empty_out_dir_is_kept_unless_overwrite(released, tmp_path):
-    from scripts.convert_official import ConvertError, convert
+    from scripts.convert_official import convert
 
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    with pytest.raises(ConvertError, match="not empty"):
+    with pytest.raises(FileExistsError, match="not empty; pass --overwrite"):
         convert(str(released / "fox-llama"), out, no_tokenizer=True)
     assert (out / "keep.txt").read_text() == "mine"
     convert(str(released / "fox-llama"), out, no_tokenizer=True, overwrite=True)

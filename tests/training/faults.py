@@ -3,18 +3,24 @@ planted at a chosen file-system event.
 
 Why events: between two file-system mutations nothing on disk changes, so a process killed at any instant leaves
 the same run directory as one killed just before some mutation (or within a write, when the kernel had taken
-part of it). Numbering the mutations a run makes under its output dir (``open`` for writing, each ``write`` to
-such a file, ``mkdir``, ``rename``/``replace``, ``unlink``/``rmdir``) therefore enumerates every run directory a
-kill can leave; the same run makes the same mutations in the same order, so event ``k`` of a reference run is
-event ``k`` of the faulted one.
+part of it). Numbering the mutations a run makes under its output dir (``open`` / ``os.open`` for writing, each
+``write`` to such a file, ``mkdir``, ``rename``/``replace``, ``unlink``/``rmdir``) therefore enumerates every run
+directory a kill can leave; the same run makes the same mutations in the same order, so event ``k`` of a reference
+run is event ``k`` of the faulted one.
 
 Faults (``fault`` of a request):
 - ``{"kind": "kill", "at": k, "cut": f}``: SIGKILL at event ``k``; at a ``write`` the first fraction ``f`` of
   the data is written first (a write the kernel took in part).
 - ``{"kind": "enospc", "at": k, "cut": f}``: from event ``k`` on, every ``open`` for writing, ``write`` and
-  ``mkdir`` under the output dir fails with ENOSPC (a full disk; event ``k``'s write keeps fraction ``f``).
+  ``mkdir`` under the output dir fails with ENOSPC (a full disk; event ``k``'s write keeps fraction ``f``). With
+  ``"wrapped": true`` event ``k``'s write fails as torch's C++ writer reports a full disk: a RuntimeError
+  ``[enforce fail at inline_container.cc:672] . unexpected pos``, the OSError its context.
+- ``{"kind": "erofs" | "eacces", "at": k}``: from event ``k`` on, every event under the output dir fails with
+  EROFS (a read-only mount) or EACCES (a directory the user may not write).
+- ``{"kind": "sigint", "at": k}``: SIGINT (Ctrl-C) at event ``k``.
 - ``{"kind": "sigterm", "where": "eval" | "train", "at": n}``: SIGTERM just before the ``n``-th forward pass
-  of the evaluation (or of training).
+  of the evaluation (or of training); ``"signal": 2`` sends SIGINT (Ctrl-C) instead, and ``"again": prefix`` sends
+  it once more at the first event after it that ``prefix`` begins (e.g. ``write checkpoints/``, a shard's write).
 
 Protocol: ``python tests/training/faults.py`` reads one JSON request per stdin line (``argv`` for train.py,
 ``out`` the output dir, ``stdout``/``stderr`` files, ``fault`` or null, ``events`` a file to record the event
@@ -36,7 +42,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 _REAL = {name: getattr(os, name) for name in ("rename", "replace", "unlink", "remove", "rmdir", "mkdir")}
-_REAL_OPEN = builtins.open
+_REAL_OPEN, _REAL_OS_OPEN = builtins.open, os.open
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+ERRNOS = {"enospc": errno.ENOSPC, "erofs": errno.EROFS, "eacces": errno.EACCES}
+TORCH_FULL_DISK = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
 
 
 class Plan:
@@ -44,7 +53,7 @@ class Plan:
 
     def __init__(self, root: str, fault: dict | None, record: list | None):
         self.root, self.fault, self.record = os.path.abspath(root), fault or {}, record
-        self.n, self.full = 0, False
+        self.n, self.failing, self.signalled = 0, None, False
 
     def under(self, path) -> bool:
         if isinstance(path, int):
@@ -53,19 +62,24 @@ class Plan:
         return p == self.root or p.startswith(self.root + os.sep)
 
     def hit(self, kind: str, path) -> bool:
-        """Count one event; True when it is the planned one. Under a full disk, raises ENOSPC for events that
-        need space."""
+        """Count one event; True when it is the planned one. Once a failing fault has fired, raises its error for
+        the events it fails (a full disk: those that need space)."""
         self.n += 1
+        rel = os.path.relpath(os.path.abspath(os.fsdecode(os.fspath(path))), self.root)
         if self.record is not None:
-            self.record.append([kind, os.path.relpath(os.path.abspath(os.fsdecode(os.fspath(path))), self.root)])
-        planned = self.fault.get("kind") in ("kill", "enospc") and self.n == self.fault["at"]
+            self.record.append([kind, rel])
+        if self.fault.get("again") and self.signalled and f"{kind} {rel}".startswith(self.fault["again"]):
+            self.fault = {**self.fault, "again": None}
+            os.kill(os.getpid(), self.fault["signal"])
+        if self.fault.get("kind") == "sigint" and self.n == self.fault["at"]:
+            os.kill(os.getpid(), signal.SIGINT)
+        planned = (self.fault.get("kind") == "kill" or self.fault.get("kind") in ERRNOS) and self.n == self.fault["at"]
         if planned:
-            os.write(2, f"fault: {self.fault['kind']} at event {self.n} ({kind} "
-                        f"{os.path.relpath(os.fsdecode(os.fspath(path)), self.root)})\n".encode())
-            if self.fault["kind"] == "enospc":
-                self.full = True
-        if self.full and kind in ("open", "write", "mkdir") and not (planned and kind == "write"):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fsdecode(os.fspath(path)))
+            os.write(2, f"fault: {self.fault['kind']} at event {self.n} ({kind} {rel})\n".encode())
+            self.failing = ERRNOS.get(self.fault["kind"])
+        if self.failing and (self.failing != errno.ENOSPC or kind in ("open", "write", "mkdir")) and not (
+                planned and kind == "write"):
+            raise OSError(self.failing, os.strerror(self.failing), os.fsdecode(os.fspath(path)))
         return planned
 
     def fire_at_write(self, write, data) -> None:
@@ -74,7 +88,12 @@ class Plan:
         write(view[: int(len(view) * self.fault.get("cut", 0.0))])
         if self.fault["kind"] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        try:
+            raise OSError(self.failing, os.strerror(self.failing))
+        except OSError:
+            if not self.fault.get("wrapped"):
+                raise
+            raise RuntimeError(TORCH_FULL_DISK)  # noqa: B904 - torch's writer keeps the OSError as the context
 
 
 class Watched:
@@ -114,6 +133,11 @@ def install(plan: Plan) -> None:
             _die(plan, file)
         return Watched(_REAL_OPEN(file, mode, *args, **kwargs), file, plan)
 
+    def watched_os_open(path, flags, *args, **kwargs):
+        if flags & _WRITING and kwargs.get("dir_fd") is None and plan.under(path) and plan.hit("open", path):
+            _die(plan, path)
+        return _REAL_OS_OPEN(path, flags, *args, **kwargs)
+
     def wrap(name):
         real = _REAL[name]
 
@@ -129,6 +153,7 @@ def install(plan: Plan) -> None:
         return fn
 
     builtins.open = io.open = watched_open
+    os.open = watched_os_open
     for name in _REAL:
         setattr(os, name, wrap(name))
 
@@ -136,12 +161,13 @@ def install(plan: Plan) -> None:
 def _die(plan: Plan, path):
     if plan.fault["kind"] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fsdecode(os.fspath(path)))
+    raise OSError(plan.failing, os.strerror(plan.failing), os.fsdecode(os.fspath(path)))
 
 
-def plant_sigterm(fault: dict) -> None:
-    """SIGTERM this process just before the ``at``-th evaluation (or training) forward pass: both loops enter
-    ``autocast_context`` once per batch (evaluation through its own module, training through training/loop.py's)."""
+def plant_sigterm(fault: dict, plan: Plan) -> None:
+    """SIGTERM (or ``fault["signal"]``) this process just before the ``at``-th evaluation (or training) forward
+    pass: both loops enter ``autocast_context`` once per batch (evaluation through its own module, training through
+    training/loop.py's); ``plan`` learns it was sent (for ``again``)."""
     from forgetting_transformer.training import evaluate, loop
 
     owner = evaluate if fault["where"] == "eval" else loop
@@ -150,7 +176,8 @@ def plant_sigterm(fault: dict) -> None:
     def counted(*args, **kwargs):
         count[0] += 1
         if count[0] == fault["at"]:
-            os.kill(os.getpid(), signal.SIGTERM)
+            plan.signalled = True
+            os.kill(os.getpid(), fault.get("signal", signal.SIGTERM))
         return real(*args, **kwargs)
 
     owner.autocast_context = counted
@@ -171,10 +198,12 @@ def child(req: dict) -> None:
 
     torch.set_num_threads(1)  # two runs share two cores; the reference runs the same way
     fault, record = req.get("fault"), [] if req.get("events") else None
+    plan = Plan(req["out"], fault, record)
     if fault and fault["kind"] == "sigterm":
-        plant_sigterm(fault)
-    install(Plan(req["out"], fault, record))
+        plant_sigterm(fault, plan)
+    install(plan)
     sys.argv = [str(ROOT / "train.py"), *req["argv"]]
+    train.one_line_errors()  # as `python train.py` does
     # Hydra finds configs/ beside the script of a __main__ function, as for `python train.py`
     train.main.__wrapped__.__module__ = "__main__"
     code = 0

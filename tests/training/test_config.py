@@ -1,6 +1,6 @@
 """Config composition and validation: Hydra rejects unknown or mistyped keys and values outside an Enum (one line
-naming the key), validate() names bad values, the model schemas split the decoder's keys from the fla baselines',
-and model.attention becomes the attention options in force for a run."""
+naming the key), validate() names bad values and keys added with + that no schema has, the model schemas split the
+decoder's keys from the fla baselines', and model.attention becomes the attention options in force for a run."""
 
 import dataclasses
 import os
@@ -48,6 +48,24 @@ def test_groups_and_overrides_compose():
 def test_unknown_key_is_hydras_error():
     with pytest.raises(ConfigCompositionException, match="nope"):
         load("model.nope=1")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["+optim.lrr=1e-3"], "optim.lrr: no such key in OptimConfig; did you mean optim.lr?"),
+    (["++model.kv_shiftt=true"], "model.kv_shiftt: no such key in DecoderConfig; did you mean model.kv_shift?"),
+    (["model=mamba2", "+model.state_sise=16"], "model.state_sise: no such key in FlaConfig; did you mean "
+                                               "model.state_size?"),
+    (["++model.attention.triton_configs.fwdd=[64,64]"],
+     "model.attention.triton_configs.fwdd: no such key in TileConfigs; did you mean "
+     "model.attention.triton_configs.fwd?"),
+    (["+train.x.y=1"], "train.x: no such key in TrainConfig; its keys: batch_size, micro_batch_size, "),
+    (["+foo=1"], "foo: no such key in Config; its keys: model, data, optim, "),
+], ids=["plus", "plus_plus", "fla_schema", "nested", "subtree", "top_level"])
+def test_a_key_added_with_plus_is_refused_naming_the_nearest_key(overrides, message):
+    """``+key=`` and ``++key=`` add a key to Hydra's struct config; validate refuses one no schema has."""
+    with pytest.raises(ConfigError) as e:
+        validate(load(*overrides))
+    assert str(e.value).startswith(f"invalid config: {message}")
 
 
 def test_wrong_type_is_hydras_error():
@@ -198,11 +216,23 @@ def test_enum_values_compare_as_the_strings_of_the_yaml_files():
 @pytest.mark.parametrize("overrides, line", [
     (["model.fgate=sometimes"],
      "error: invalid config: model.fgate='sometimes': must be one of data_dependent | data_independent | fixed | none"),
-    (["model=mamba2", "model.qk_norm=true"], "error: invalid config: model.qk_norm: no such key in FlaConfig"),
+    (["model=mamba2", "model.qk_norm=true"],
+     "error: invalid config: model.qk_norm: no such key in FlaConfig; its keys: "
+     "name, arch, vocab_size, n_layers, d_model, head_dim, n_heads, n_kv_heads, mlp_hidden_ratio, "
+     "mlp_multiple_of, rope, rope_base, norm_eps, init_std, loss_chunk, state_size, expand, conv_size,"
+     " linear_head_dim, window_size, ssd_kernel, mamba_mlp_hidden_ratio"),
     (["model.n_layers=many"], "error: invalid config: model.n_layers='many': could not be converted to Integer"),
-], ids=["enum", "unknown_key", "type"])
+    (["+optim.lrr=1e-3"], "error: invalid config: optim.lrr: no such key in OptimConfig; did you mean optim.lr?"),
+    (["+optim.lrr=1e-3", "--cfg", "job"],
+     "error: invalid config: optim.lrr: no such key in OptimConfig; did you mean optim.lr?"),
+    (["experiment=typo"], "error: invalid config: optim.lrr: no such key in OptimConfig; did you mean optim.lr?"),
+], ids=["enum", "unknown_key", "type", "added_key", "added_key_cfg_job", "experiment_yaml"])
 def test_train_py_reports_a_value_hydra_rejects_in_one_line(overrides, line, tmp_path):
-    res = subprocess.run([sys.executable, str(ROOT / "train.py"), f"output_dir={tmp_path / 'run'}", *overrides],
+    extra = tmp_path / "configs" / "experiment"  # an experiment yaml with a mistyped key, on Hydra's search path
+    extra.mkdir(parents=True)
+    (extra / "typo.yaml").write_text("# @package _global_\noptim:\n  lrr: 0.1\n")
+    res = subprocess.run([sys.executable, str(ROOT / "train.py"), f"output_dir={tmp_path / 'run'}",
+                          f"hydra.searchpath=[file://{tmp_path / 'configs'}]", *overrides],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and res.stderr.strip().splitlines() == [line], res.stderr[-2000:]
     assert not (tmp_path / "run").exists()

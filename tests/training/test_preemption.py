@@ -1,4 +1,5 @@
-"""PreemptionFlag: signals only set a flag; submitit's SIGUSR2 handler runs after the checkpoint (hand_over)."""
+"""PreemptionFlag: signals only set a flag (Ctrl-C too, saying so at once); submitit's SIGUSR2 handler runs after
+the checkpoint (hand_over). A second Ctrl-C, which ends the process, is a trial of tests/training/test_faults.py."""
 
 import os
 import signal
@@ -11,7 +12,7 @@ from forgetting_transformer.training.preemption import PreemptionFlag
 
 @pytest.fixture
 def restore_handlers():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)}
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
     yield
     for s, h in saved.items():
         signal.signal(s, h)
@@ -35,3 +36,11 @@ def test_submitit_sigusr2_handler_is_deferred_until_hand_over(restore_handlers):
     assert flag.received == signal.SIGUSR2 and calls == []  # the loop still has to write its checkpoint
     flag.hand_over()
     assert calls == [signal.SIGUSR2]
+
+
+def test_ctrl_c_sets_the_flag_and_says_the_run_stops_after_this_step(restore_handlers, capfd):
+    signal.signal(signal.SIGINT, lambda signum, frame: None)  # not pytest's KeyboardInterrupt, were the flag to miss it
+    flag = PreemptionFlag()
+    os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt: the run is to checkpoint first
+    assert flag.received == signal.SIGINT and flag.should_stop(torch.device("cpu"))
+    assert "interrupted: the run stops after the current step (checkpointed)" in capfd.readouterr().err

@@ -1,7 +1,8 @@
 """Runs are never silently wrong (train.py in subprocesses, CPU): a used run dir is refused unless resumed or
-overwritten, a failed start leaves no run dir, a resume falls back from a damaged checkpoint and keeps
-metrics.jsonl matching the state it resumed from, a non-finite gradient stops or skips the update and never
-reaches a checkpoint, user errors print their message without a traceback, and train.log holds the console."""
+overwritten, a failed start leaves no run dir (nor, failing at its first batch, anything that blocks its rerun), a
+resume falls back from a damaged checkpoint and keeps metrics.jsonl matching the state it resumed from, a
+non-finite gradient stops or skips the update and never reaches a checkpoint, user errors print their message
+without a traceback, and train.log holds the console."""
 
 import math
 import os
@@ -161,14 +162,20 @@ def zero_row_data(d):
 
 
 def test_zero_rows_stop_the_run_unless_skipped(tmp_path):
+    """A data error at the first batch stops the run (its train.log says why) and leaves nothing that blocks the
+    corrected run in the same directory, which replaces that attempt's config.yaml and train.log."""
     data = zero_row_data(tmp_path)
+    out = tmp_path / "run"
     args = ("data.seq_len=32", "data.text_escape=none", "train.max_steps=6", "eval.heldout_batches=1", *SHORT)
-    res = run(command(data, tmp_path / "strict", *args))
+    res = run(command(data, out, *args))
     assert res.returncode == 1 and "entirely token id 0" in res.stderr and "data.skip_zero_rows=true" in res.stderr
-    assert "entirely token id 0" in (tmp_path / "strict" / "train.log").read_text()  # the run's log says why
-    res = run(command(data, tmp_path / "skip", *args, "data.skip_zero_rows=true"))
+    assert "entirely token id 0" in (out / "train.log").read_text()  # the run's log says why
+    assert sorted(p.name for p in out.iterdir()) == [".hydra", ".lock", "config.yaml", "train.log"]
+    res = run(command(data, out, *args, "data.skip_zero_rows=true"))
     assert res.returncode == 0, res.stderr[-2000:]
-    assert [r[0] for r in losses(tmp_path / "skip")][-2:] == [6, 6]
+    assert [r[0] for r in losses(out)][-2:] == [6, 6]
+    assert "entirely token id 0" not in (out / "train.log").read_text()  # the failed attempt's log is replaced
+    assert "skip_zero_rows: true" in (out / "config.yaml").read_text()
 
 
 def test_a_user_error_drops_the_model_before_the_process_group(markov_data_dir, tmp_path, monkeypatch):
