@@ -14,7 +14,8 @@ that every later part tokenizes identically) in rows of 16,384 tokens.
 
 Parts (each one under 10 minutes on a machine of two H100s, data preparation included: ``lr`` took 7.4 minutes,
 ``lr-wide`` 7.0; except ``path``, whose models train at about a third of FoX's speed: 18 minutes with both runs on
-one H200, ``--gpus 0,0``; ``lr`` and ``lr-wide`` first, since the others train at the sweep's picks):
+one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes each on an H200; ``lr`` and
+``lr-wide`` first, since the others train at the sweep's picks):
 
     lr         FoX (Pro) and Transformer (Pro), peak lr 1e-3 and 2e-3, seed 0
     lr-wide    the same at 5e-4 and 4e-3: with ``lr``, a 4-point sweep per model
@@ -29,6 +30,10 @@ one H200, ``--gpus 0,0``; ``lr`` and ``lr-wide`` first, since the others train a
                (per-head output norm, QK-norm eps 1e-5), seeds 0, 1, 2. The Pro runs of the other parts keep the
                definition they were trained with (the output norm shared across heads, QK-norm eps 1e-6):
                ``LEGACY_OVERRIDES``.
+    released-ablations  the other three Table 3 switches (output gate, output norm, QK-norm) on the released
+               FoX (Pro), seeds 0, 1, 2
+    llama-seeds  FoX (LLaMA) and Transformer (LLaMA) at their own pick (1e-3, ``lr-llama``), seeds 1 and 2
+    baselines  the paper's recurrent baselines Mamba-2, HGRN2 and DeltaNet (fla) at 1e-3, 2e-3 and 4e-3, seed 0
 
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
 Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
@@ -126,10 +131,17 @@ def suite() -> list[Run]:
                  Run("transformer_pro_released", "transformer_pro", "transformer", "released", seed=seed),
                  Run("fox_pro_released_no_kv_shift", "fox_pro", "fox", "released", seed=seed,
                      overrides=["model.kv_shift=false"])]
+        runs += [Run(f"fox_pro_released_no_{switch}", "fox_pro", "fox", "released-ablations", seed=seed,
+                     overrides=[f"model.{switch}=false"]) for switch in ("output_gate", "output_norm", "qk_norm")]
+    for seed in LLAMA_SEEDS:
+        runs += [Run(model, model, model.split("_")[0], "llama-seeds", seed=seed, lr=LLAMA_PICK)
+                 for model in LLAMA_SWEEP]
+    runs += [Run(model, model, "baseline", "baselines", lr=lr) for model in BASELINES for lr in BASELINE_LRS]
     return runs
 
 
-PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released")
+PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released", "released-ablations",
+         "llama-seeds", "baselines")
 # The Pro models of every part but "released" keep the definition they were trained with: the output norm's
 # weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
 # now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
@@ -137,6 +149,8 @@ LEGACY_PRO = ("fox_pro", "transformer_pro", "fox_pro_data_independent", "fox_pro
               "path_fox_pro")
 LEGACY_OVERRIDES = ("model.output_norm_per_head=false", "model.qk_norm_eps=null")
 RELEASED_SEEDS = (0, 1, 2)
+LLAMA_PICK, LLAMA_SEEDS = 1e-3, (1, 2)  # both LLaMA models' best rate of their own sweep (lr-llama)
+BASELINES, BASELINE_LRS = ("mamba2", "hgrn2", "deltanet"), (1e-3, 2e-3, 4e-3)  # the paper's 2e-3 and either side
 
 
 # ----------------------------------------------------------------------------------------------------- learning rates
@@ -160,12 +174,11 @@ def pick_lr(out: Path, family: str) -> float:
 
 def planned(runs: list[Run], out: Path, parts: list[str]) -> list[tuple[Run, float]]:
     """(run, lr) for every run of the given parts, the sweep's picks filled in. A run that another part of the call
-    already holds (the same name: ``lr-llama`` at a rate that is a pick of ``main``) is planned once, in the first."""
+    already holds (the same name: ``lr-llama`` at a rate that is a pick of ``main``) is planned once, in the first.
+    Runs go in the order of ``parts``: the longest parts first keep every GPU busy to the end."""
     picks: dict[str, float] = {}
     todo, names = [], set()
-    for run in runs:
-        if run.part not in parts:
-            continue
+    for run in sorted((r for r in runs if r.part in parts), key=lambda r: parts.index(r.part)):
         if run.lr is None and run.family not in picks:
             picks[run.family] = pick_lr(out, run.family)
         lr = run.lr if run.lr is not None else picks[run.family]
@@ -463,8 +476,8 @@ def main(argv=None) -> int:
                    "twice, 0,0, runs two jobs at once on that GPU), or cpu:N for N jobs at a time on the CPU")
     p.add_argument("--override", nargs="*", default=[], help="extra train.py overrides for every run (tests: a "
                    "tiny model and a few steps); results written with overrides are not the suite's")
-    p.add_argument("--only", default=None, help="only the runs whose name matches this pattern (fnmatch), e.g. "
-                   "'fox_pro-*'")
+    p.add_argument("--only", default=None, help="only the runs whose name matches one of these comma-separated "
+                   "patterns (fnmatch), e.g. 'fox_pro-*,transformer_pro-*-s0'")
     p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help=argparse.SUPPRESS)  # tests: a tiny corpus
     p.add_argument("--doc-len", type=int, default=DOC_LEN, help=argparse.SUPPRESS)
     p.add_argument("--niah-lengths", default=NIAH_LENGTHS, help=argparse.SUPPRESS)
@@ -500,7 +513,7 @@ def pending(a, parts: list[str]) -> list[tuple[Run, float]]:
     """The runs of these parts that have no ``done.json`` yet (done ones are named and skipped)."""
     todo = []
     for run, lr in planned(suite(), a.out, parts):
-        if a.only and not fnmatch.fnmatch(run.name(lr), a.only):
+        if a.only and not any(fnmatch.fnmatch(run.name(lr), x.strip()) for x in a.only.split(",")):
             continue
         if (a.out / "runs" / run.name(lr) / "done.json").is_file():
             print(f"{run.name(lr)}: done, skipped")

@@ -19,28 +19,45 @@ def autocast_context(device: torch.device, mixed_precision: bool):
     return contextlib.nullcontext()
 
 
+ROW_BAND = 1024  # positions per band of the per-row losses train.py keeps beside L(i)
+
+
 @torch.no_grad()
 def per_token_loss(model, inputs: torch.Tensor, labels: torch.Tensor, *, batch_size: int, device: torch.device,
                    mixed_precision: bool = False, progress: bool = True,
-                   after_batch: Callable[[], None] | None = None) -> np.ndarray:
-    """Mean loss at every position over the given rows: inputs/labels (N, T) → L (T,) float64. ``after_batch``
-    runs after each batch (train.py's stops the evaluation on a preemption signal by raising)."""
+                   after_batch: Callable[[], None] | None = None, band: int | None = None):
+    """Mean loss at every position over the given rows: inputs/labels (N, T) → L (T,) float64. With ``band``, also
+    each row's mean loss over consecutive bands of ``band`` positions, (N, ceil(T / band)) float64: the spread
+    between rows that an interval on L(i) needs. ``after_batch`` runs after each batch (train.py's stops the
+    evaluation on a preemption signal by raising)."""
     was_training = model.training
     model.eval()
     total = torch.zeros(inputs.shape[1], dtype=torch.float64)
+    bands = []
     batches = -(-inputs.shape[0] // batch_size)
     with Progress(batches, "per-token loss", "batch", enabled=progress) as bar, heartbeat(bar):
         for s in range(0, inputs.shape[0], batch_size):
             x, y = inputs[s : s + batch_size].to(device), labels[s : s + batch_size].to(device)
             bar.working_on(f"batch {s // batch_size + 1} of {batches} ({x.shape[0]} rows × {x.shape[1]:,} tokens)")
             with autocast_context(device, mixed_precision):
-                loss = model(x, y)  # (b, T)
-            total += loss.double().sum(0).cpu()
+                loss = model(x, y).double().cpu()  # (b, T)
+            total += loss.sum(0)
+            if band is not None:
+                bands.append(band_means(loss, band))
             bar.update()
             if after_batch is not None:
                 after_batch()
     model.train(was_training)
-    return (total / inputs.shape[0]).numpy()
+    curve = (total / inputs.shape[0]).numpy()
+    return curve if band is None else (curve, torch.cat(bands).numpy())
+
+
+def band_means(loss: torch.Tensor, band: int) -> torch.Tensor:
+    """(N, T) → (N, ceil(T / band)): each row's mean over positions [k·band, (k+1)·band) (the last band may be
+    shorter)."""
+    if band < 1:
+        raise ValueError(f"band must be >= 1, got {band}")
+    return torch.stack([chunk.mean(1) for chunk in loss.split(band, dim=1)], dim=1)
 
 
 def spread_rows(num_rows: int, n: int) -> list[int]:

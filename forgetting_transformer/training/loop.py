@@ -26,7 +26,7 @@ from .changes import record_changes
 from .checkpoint import (TrainState, clear_leftovers, latest_checkpoint, load_latest_checkpoint, prune_checkpoints,
                          save_checkpoint)
 from .distributed import mean_across_ranks
-from .evaluate import autocast_context, heldout_loss, per_token_loss, spread_rows
+from .evaluate import ROW_BAND, autocast_context, heldout_loss, per_token_loss, spread_rows
 from .metrics import attention_context, flops_per_token, matmul_params, peak_flops, peak_memory_gib
 from .optim import build_optimizer
 from .parallel import autocast_needed, parallelize, set_grad_sync
@@ -225,21 +225,24 @@ def evaluate(cfg, ctx: RunContext, setup: Setup) -> None:
         length = cfg.eval.per_token_len or heldout.doc_len
         rows = spread_rows(heldout.num_rows, cfg.eval.per_token_rows)
         inputs, labels = read_rows(data_dir / "heldout.zarr", rows, length, **setup.data_kw)  # (N, length) each
-        curve = per_token_loss(model, inputs, labels, batch_size=mb, **kw)
+        curve, bands = per_token_loss(model, inputs, labels, batch_size=mb, band=ROW_BAND, **kw)
     except Preempted as stop:
         raise Preempted(f"during the final evaluation (step {setup.state.step} is checkpointed); resume=true "
                         "evaluates again", stop.flag) from None
     if ctx.dist.is_main:
-        save_per_token_loss(cfg, ctx, setup, rows, curve)
+        save_per_token_loss(cfg, ctx, setup, rows, curve, bands)
 
 
-def save_per_token_loss(cfg, ctx: RunContext, setup: Setup, rows: list[int], curve: np.ndarray) -> None:
-    """per_token_loss.json (the curve with what it was measured on) and its plot, in the run dir."""
+def save_per_token_loss(cfg, ctx: RunContext, setup: Setup, rows: list[int], curve: np.ndarray,
+                        bands: np.ndarray) -> None:
+    """per_token_loss.json (the curve with what it was measured on, and each row's mean over bands of
+    ROW_BAND positions, ``row_bands`` (rows, bands), for intervals across rows) and its plot, in the run dir."""
     ptl, png = ctx.out / "per_token_loss.json", ctx.out / "per_token_loss.png"
     fingerprint = (load_meta(setup.data_dir) or {}).get("tokenizer_fingerprint")
     write_atomic(ptl, json.dumps({"name": cfg.model.name, "train_len": cfg.data.seq_len, "step": setup.state.step,
                                   "data": str(setup.data_dir / "heldout.zarr"), "tokenizer_fingerprint": fingerprint,
-                                  "rows": rows, "loss": curve.tolist()}))
+                                  "rows": rows, "loss": curve.tolist(), "band": ROW_BAND,
+                                  "row_bands": bands.round(5).tolist()}))
     tmp = png.with_name(f"{png.stem}.tmp{png.suffix}")  # replaced in one step, as the other files of the run
     try:
         plot_per_token_loss([ptl], tmp, window=cfg.eval.window)

@@ -60,3 +60,20 @@ def test_a_slow_batch_prints_progress_lines_naming_it(markov_data_dir, model, mo
     assert any(line.startswith("per-token loss: 0/1 batch (0%) | -- batch/s | batch 1 of 1 (2 rows × 256 tokens) "
                                "for ") for line in lines), lines
     assert lines[-1].startswith("per-token loss: 1/1 batch (100%) | ") and " for " not in lines[-1]
+
+
+def test_per_row_band_means_match_a_float64_reference(markov_data_dir, model):
+    from forgetting_transformer.training.evaluate import band_means
+
+    x, y = read_rows(markov_data_dir / "heldout.zarr", [0, 1, 3], 256, vocab_size=VOCAB, bos_id=0)
+    curve, bands = per_token_loss(model, x, y, batch_size=2, device=torch.device("cpu"), band=96, progress=False)
+    with torch.no_grad():
+        ref = model.double()(x, y).double()  # (3, 256): every row's loss at every position
+    model.float()
+    assert bands.shape == (3, 3)  # bands of 96, 96 and the last 64 positions
+    for k, (a, b) in enumerate(((0, 96), (96, 192), (192, 256))):
+        assert torch.allclose(torch.from_numpy(bands[:, k]), ref[:, a:b].mean(1), atol=1e-4)
+    assert torch.allclose(torch.from_numpy(curve), ref.mean(0), atol=1e-4)
+    assert per_token_loss(model, x, y, batch_size=2, device=torch.device("cpu"), progress=False).shape == (256,)
+    with pytest.raises(ValueError, match="band must be >= 1"):
+        band_means(ref, 0)
