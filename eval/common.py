@@ -41,11 +41,11 @@ def load_run(run_dir: str | Path, *, step: int | None = None, device: str | torc
 
 
 def load_tokenizer(path: str | Path, bos_id: int, vocab_size: int, text_escape: str = "none"):
-    """A ``FoXTokenizerFast`` (``models/hf_tokenizer.py``) from a tokenizer.json or HF tokenizer dir, with bos = eos
+    """A ``FoXTokenizerFast`` (``hf/tokenizer.py``) from a tokenizer.json or HF tokenizer dir, with bos = eos
     = pad = the token ``bos_id``, bos prepended to each text, left padding (what ``generate`` needs), and the model's
     ``text_escape`` (``json``: texts are JSON-escaped before BPE and unescaped after decoding); a tokenizer dir that
     records another escape is refused."""
-    from forgetting_transformer.models.hf_tokenizer import fox_tokenizer
+    from forgetting_transformer.hf.tokenizer import fox_tokenizer
 
     tok = fox_tokenizer(path, bos_id=bos_id, text_escape=text_escape)
     if len(tok) > vocab_size:
@@ -74,7 +74,7 @@ def run_tokenizer(cfg, tokenizer: str | Path | None = None):
 
 def to_hf(model, cfg):
     """Wrap a trained ``DecoderLM`` as ``FoXForCausalLM`` (same weights) so evaluations can call ``generate``."""
-    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
+    from forgetting_transformer.hf import FoXConfig, FoXForCausalLM
 
     if cfg.model.arch != "decoder":
         raise NotImplementedError(
@@ -100,7 +100,7 @@ def load_model_and_tokenizer(path: str | Path, *, step: int | None = None, token
         tok, _ = run_tokenizer(cfg, tokenizer)
         return to_hf(model, cfg), tok, {"name": cfg.model.name, "train_len": int(cfg.data.seq_len), "source": str(ckpt)}
     if (path / "config.json").is_file():
-        import forgetting_transformer.models.hf  # noqa: F401  (registers the Auto classes)
+        import forgetting_transformer.hf  # noqa: F401  (registers the Auto classes)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(str(path)).to(device).eval()
@@ -127,7 +127,7 @@ def model_text_escape(path: str | Path) -> str:
     path = Path(path)
     if (path / "config.yaml").is_file():
         return run_text_escape(OmegaConf.load(path / "config.yaml"))
-    from forgetting_transformer.models.hf_tokenizer import saved_text_escape
+    from forgetting_transformer.hf.tokenizer import saved_text_escape
 
     return saved_text_escape(path) or "none"
 

@@ -164,7 +164,7 @@ def verdict(interval: tuple[float, float, float] | None, paper_sign: int | None)
 
 
 
-# ----------------------------------------------------------------------------------------------------- the compared runs
+# ------------------------------------------------------------------------------------------------ the compared runs
 
 BASELINES = ("mamba2", "hgrn2", "deltanet")
 LABELS.update({"fox_pro_released": "FoX (Pro)", "transformer_pro_released": "Transformer (Pro)", "mamba2": "Mamba-2",

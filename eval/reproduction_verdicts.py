@@ -12,7 +12,8 @@ import math
 import numpy as np
 
 from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, bands_of, baseline_pick,
-                                       by_seed, claim2_runs, compared, display_name, llama_pick, paired, paired_interval, picks, primary,
+                                       by_seed, claim2_runs, compared, display_name, llama_pick, paired,
+                                       paired_interval, picks, primary,
                                        row_band_diffs, table, verdict)
 
 PAPER_PPL = {"Pro": (6.62, 6.82), "LLaMA": (7.25, 7.49)}  # FoX paper, Table 3: (FoX, Transformer) at 360M
@@ -57,8 +58,8 @@ def claim1(runs: list[RunResult]) -> str:
         return "Not run yet: `--parts released,llama-seeds`."
     lrs = dict(compared(runs))
     mean = {label: float(np.mean([r.heldout for r in by_seed(runs, label, lr).values()])) for label, lr in lrs.items()}
-    ratio = {name: math.exp(mean[f] - mean[t]) for name, f, t in (("Pro", "fox_pro_released", "transformer_pro_released"),
-                                                                  ("LLaMA", "fox_llama", "transformer_llama"))}
+    pairs = (("Pro", "fox_pro_released", "transformer_pro_released"), ("LLaMA", "fox_llama", "transformer_llama"))
+    ratio = {name: math.exp(mean[f] - mean[t]) for name, f, t in pairs}
     paper = {name: f / t for name, (f, t) in PAPER_PPL.items()}
     text = (f"**Verdict: Pro pair {v_pro}, LLaMA pair {v_llama}, at {len(pro)} and {len(llama)} seeds.** "
             f"Transformer (Pro) − FoX (Pro) is {_d(np.mean(pro))} nats/token, 95% interval {_ci(pro)}. "
@@ -166,9 +167,9 @@ def inside_sentence(runs, lrs) -> str:
             out.append(f"{name} {np.mean(first):.3f} in 1–512 against {np.mean(rest):.3f} in 513–4,096")
     text = (f"Inside the training length the mean Transformer − FoX gap over seeds is {'; '.join(out)}: FoX gains "
             "most on the first tokens at this scale.")
-    rows = [(s, row_band_diffs(t, f, *ROW_BANDS[1])) for tf, fox in (("transformer_llama", "fox_llama"),)
-            for s, (t, f) in ((s, (by_seed(runs, tf, lrs.get(tf))[s], by_seed(runs, fox, lrs.get(fox))[s]))
-                              for s in sorted(set(by_seed(runs, tf, lrs.get(tf))) & set(by_seed(runs, fox, lrs.get(fox)))))]
+    t, f = by_seed(runs, "transformer_llama", lrs.get("transformer_llama")), by_seed(runs, "fox_llama",
+                                                                                      lrs.get("fox_llama"))
+    rows = [(s, row_band_diffs(t[s], f[s], *ROW_BANDS[1])) for s in sorted(set(t) & set(f))]
     rows = [(s, d) for s, d in rows if d is not None]
     if rows:
         half = max((ci[2] - ci[1]) / 2 for _, d in rows if (ci := paired_interval(d)))
@@ -180,7 +181,8 @@ def inside_sentence(runs, lrs) -> str:
 
 def rises_sentence(chosen: list[RunResult]) -> str:
     """Which curves rise from the 2,049–3,072 band to the 3,073–4,096 band, inside the training length."""
-    rising = [display_name(r, chosen) for r in chosen if r.loss_curve[3072:4096].mean() > r.loss_curve[2048:3072].mean()]
+    rising = [display_name(r, chosen) for r in chosen
+              if r.loss_curve[3072:4096].mean() > r.loss_curve[2048:3072].mean()]
     if not rising:
         return "Every curve falls from the 2,049–3,072 band to the 3,073–4,096 band."
     return (f"L(i) is not monotone inside the training length: in 1,024-token bands, {len(rising)} of "
@@ -268,7 +270,8 @@ def claim5(runs: list[RunResult]) -> str:
             glob.append(f"{layer['layer']} ({', '.join(f'{x:,.0f}' for x in sorted(tau[frac <= GLOBAL_PRUNED]))})")
     others = [100 * x.acp["tile_fraction"] for x in runs if x.acp and x.label == "fox_pro" and x is not r]
     text = (f"**Verdict: reproduced, with more local heads than the paper.** In {r.name}, {local} of {total} heads "
-            f"have more than half their tiles pruned (local heads). Layers with a global head ({100 * GLOBAL_PRUNED:.0f}% "
+            f"have more than half their tiles pruned (local heads). Layers with a global head "
+            f"({100 * GLOBAL_PRUNED:.0f}% "
             f"of its tiles pruned or fewer), with those heads' decay times −1/mean log f in tokens: "
             f"{', '.join(glob)}. Overall ACP prunes {100 * r.acp['tile_fraction']:.1f}% of the forward tiles at "
             f"{r.acp['tokens']:,} tokens; the paper reports around 70% of attention FLOPs at every size it tested.")

@@ -178,7 +178,8 @@ class PrepareConfig:
     doc_len: int = 2048
     min_doc_tokens: Optional[int] = None
     heldout_docs: int = 2
-    heldout_inputs: Optional[list] = None  # files or dirs whose documents form the held-out split (then all inputs train)
+    # files or dirs whose documents form the held-out split (then all inputs train)
+    heldout_inputs: Optional[list] = None
 
 
 @dataclass

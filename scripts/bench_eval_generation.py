@@ -38,16 +38,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench_generate import compose_config, table, write  # noqa: E402
-from eval.cli import add_generation_args  # noqa: E402
-from eval.common import (  # noqa: E402
+from bench_generate import compose_config, table, write
+from eval.cli import add_generation_args
+from eval.common import (
     GenerationOptions, eos_and_pad, generate_batched, prepare_for_generation, to_hf, until_eos)
-from eval.niah.run import parse_lengths  # noqa: E402
-from forgetting_transformer.training.progress import Progress  # noqa: E402
+from eval.niah.run import parse_lengths
+from forgetting_transformer.training.progress import Progress
 
 COLUMNS = ("path", "pass", "prompts", "prompt tokens", "new tokens", "wall s", "prompts/s", "speedup", "same tokens")
 

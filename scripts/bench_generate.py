@@ -31,13 +31,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from forgetting_transformer.inference import PagedKVCache, Sampler, generate
+from forgetting_transformer.inference.cache import DecodeLayer
+from forgetting_transformer.inference.generate import Decoder
 
-from forgetting_transformer.inference import PagedKVCache, Sampler, generate  # noqa: E402
-from forgetting_transformer.inference.cache import DecodeLayer  # noqa: E402
-from forgetting_transformer.inference.generate import Decoder  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COLUMNS = ("model", "batch", "prompt", "new", "mode", "prefill ms", "ms/token", "tokens/s", "kept", "KV MiB")

@@ -30,20 +30,18 @@ from types import SimpleNamespace
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from hydra import compose, initialize_config_dir
 
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from forgetting_transformer.config import register_configs, validate  # noqa: E402
-from forgetting_transformer.models import build_model, resolve_heads  # noqa: E402
-from forgetting_transformer.training.distributed import init_distributed, mean_across_ranks, shutdown  # noqa: E402
-from forgetting_transformer.training.evaluate import autocast_context  # noqa: E402
-from forgetting_transformer.training.metrics import (attention_context, flops_per_token, matmul_params, peak_flops,  # noqa: E402
+from forgetting_transformer.config import register_configs, validate
+from forgetting_transformer.models import build_model, resolve_heads
+from forgetting_transformer.training.distributed import init_distributed, mean_across_ranks, shutdown
+from forgetting_transformer.training.evaluate import autocast_context
+from forgetting_transformer.training.metrics import (attention_context, flops_per_token, matmul_params, peak_flops,
                                                      peak_memory_gib)
-from forgetting_transformer.training.optim import build_optimizer  # noqa: E402
-from forgetting_transformer.training.parallel import autocast_needed, parallelize  # noqa: E402
+from forgetting_transformer.training.optim import build_optimizer
+from forgetting_transformer.training.parallel import autocast_needed, parallelize
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def bench(model_name, size, a, dist):

@@ -25,13 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from forgetting_transformer.data.integrity import ChunkLayout, DataIntegrityError, read_block  # noqa: E402
-from forgetting_transformer.data.longcrawl64 import load_meta, open_token_array  # noqa: E402
-from forgetting_transformer.data.progress import ProgressLine, progress_every  # noqa: E402
+from forgetting_transformer.data.integrity import ChunkLayout, DataIntegrityError, read_block
+from forgetting_transformer.data.longcrawl64 import load_meta, open_token_array
+from forgetting_transformer.data.progress import ProgressLine, progress_every
 
 BLOCK_TOKENS = 1 << 22  # tokens per read: 8 MB of uint16
 SHOW = 5  # how many chunk keys / row indices a line lists

@@ -7,7 +7,7 @@
 SRC is a local directory holding ``config.json`` and ``model.safetensors`` (or shards with an index), as
 downloaded from the hub, or a hub id (``zhixuan-lin/fox-pro-760m-longcrawl64-48b``), downloaded when the machine
 is online. DIR is a ``FoXForCausalLM`` directory (config, weights, generation config, tokenizer) that every
-evaluation and ``AutoModelForCausalLM.from_pretrained`` (after ``import forgetting_transformer.models.hf``) loads.
+evaluation and ``AutoModelForCausalLM.from_pretrained`` (after ``import forgetting_transformer.hf``) loads.
 
 The conversion is strict: every config key must be known (``forgetting_transformer.models.official``), every
 tensor used once with the shape the config implies; a setting the decoder cannot compute exactly is refused by
@@ -24,10 +24,6 @@ import json
 import re
 import sys
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 WEIGHT_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
@@ -102,7 +98,7 @@ def convert(src: str, out: Path, *, tokenizer: str | None = None, text_escape: s
             bos_id: int | None = None, no_tokenizer: bool = False, overwrite: bool = False,
             cache_dir: Path | None = None) -> Path:
     """The official checkpoint ``src`` → a ``FoXForCausalLM`` directory ``out``; returns ``out``."""
-    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM, written_whole
+    from forgetting_transformer.hf import FoXConfig, FoXForCausalLM, written_whole
     from forgetting_transformer.models.official import decoder_settings, decoder_state_dict
 
     path = fetch(src, cache_dir)
@@ -133,7 +129,7 @@ def convert(src: str, out: Path, *, tokenizer: str | None = None, text_escape: s
 def official_tokenizer(path: Path, tokenizer: str | None, text_escape: str, vocab_size: int, bos: int | None):
     """The released tokenizer (SRC's files, or ``--tokenizer``) as this code's tokenizer with its escape mode:
     ``auto`` is ``json`` for the official ``JSONGPT2Tokenizer`` (LongCrawl64), else ``none``."""
-    from forgetting_transformer.models.hf_tokenizer import fox_tokenizer
+    from forgetting_transformer.hf.tokenizer import fox_tokenizer
 
     where = Path(tokenizer) if tokenizer else path
     if text_escape == "auto":
@@ -177,7 +173,7 @@ def to_official(src: str, out: Path, *, overwrite: bool = False) -> Path:
     source's tokenizer files when it has any)."""
     from safetensors.torch import save_file
 
-    from forgetting_transformer.models.hf import written_whole
+    from forgetting_transformer.hf import written_whole
     from forgetting_transformer.models.official import official_config, official_state_dict
 
     model, tok = _load_ours(Path(src))
@@ -209,7 +205,7 @@ def _load_ours(src: Path):
     if not (src / "config.json").is_file():
         raise ConvertError(f"{src}: neither a training run (config.yaml) nor a directory written by this code "
                            f"(config.json)")
-    import forgetting_transformer.models.hf  # noqa: F401  (registers the Auto classes)
+    import forgetting_transformer.hf  # noqa: F401  (registers the Auto classes)
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(src)).eval(), None

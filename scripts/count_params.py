@@ -12,19 +12,16 @@ Vocabulary: LongCrawl64's GPT-2 (50,257).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
+from hydra import compose, initialize_config_dir
+
+from forgetting_transformer.config import register_configs, validate
+from forgetting_transformer.models import build_model
+
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from forgetting_transformer.config import register_configs, validate  # noqa: E402
-from forgetting_transformer.models import build_model  # noqa: E402
 
 MODELS = ["fox_llama", "fox_pro", "transformer_llama", "transformer_pro", "fox_pro_rope",
           "fox_pro_data_independent", "fox_pro_fixed", "path_llama", "path_fox_llama", "path_pro", "path_fox_pro"]

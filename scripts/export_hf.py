@@ -10,29 +10,24 @@ prepends bos to every text, as the training data reader does. It is a ``FoXToken
 unescaped after decoding). OUT_DIR must be absent or empty unless ``--overwrite``; it is written whole or not at
 all (a temporary directory renamed into place). Load with::
 
-    import forgetting_transformer.models.hf  # registers the model type with the Auto classes
+    import forgetting_transformer.hf  # registers the model type with the Auto classes
     model = AutoModelForCausalLM.from_pretrained(OUT_DIR); tokenizer = AutoTokenizer.from_pretrained(OUT_DIR)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from eval.cli import positive_int, run_cli  # noqa: E402
+from eval.cli import positive_int, run_cli
 
 
 def export(run_dir, out_dir, *, step: int | None = None, tokenizer: str | Path | None = None,
            overwrite: bool = False) -> Path:
     """Write ``out_dir`` (config, safetensors weights, generation config, tokenizer); return it."""
     from eval.common import load_run, run_tokenizer, to_hf
-    from forgetting_transformer.models.hf import written_whole
-    from forgetting_transformer.models.hf_tokenizer import save_tokenizer
+    from forgetting_transformer.hf import written_whole
+    from forgetting_transformer.hf.tokenizer import save_tokenizer
 
     out_dir = Path(out_dir)
     with written_whole(out_dir, overwrite) as tmp:  # a used out_dir is refused before the run loads

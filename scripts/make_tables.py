@@ -33,13 +33,9 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from eval.ablations import load_ablation_row, render_table3, row_label  # noqa: E402,F401  (row_label: tests)
-from eval.lm_eval_harness import table as table1  # noqa: E402
-from eval.longbench import table as table2  # noqa: E402
+from eval.ablations import load_ablation_row, render_table3, row_label  # noqa: F401  (row_label: tests)
+from eval.lm_eval_harness import table as table1
+from eval.longbench import table as table2
 
 TITLES = {"1": "Table 1: LM-eval-harness (zero-shot)", "2": "Table 2: LongBench",
           "3": "Table 3: ablations (perplexity of held-out data)"}

@@ -20,17 +20,13 @@ import json
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from forgetting_transformer.data.prepare import (  # noqa: E402
+from forgetting_transformer.data.prepare import (
     EMBEDDED_CORPUS,
     ensure_prepared,
     format_summary,
     unigram_entropy,
 )
-from forgetting_transformer.data.tokenizer import TEXT_ESCAPES  # noqa: E402
+from forgetting_transformer.data.tokenizer import TEXT_ESCAPES
 
 
 def main(argv=None) -> int:

@@ -58,12 +58,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from eval.reproduction import FAMILY as FAMILY_MODEL  # (the pair whose sweep sets each family's lr)
+from eval.reproduction import load_results, picks
 
-from eval.reproduction import FAMILY as FAMILY_MODEL  # noqa: E402  (the pair whose sweep sets each family's lr)
-from eval.reproduction import load_results, picks  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SIZE = "125m"
 VOCAB_SIZE, DOC_LEN = 16384, 16384
@@ -318,12 +316,21 @@ def environment(gpu: str | None) -> dict:
             "python": sys.version.split()[0]}
 
 
-def keep_results(run_dir: Path, dest: Path, record: dict) -> None:
-    """Copy a run's small files to ``dest`` (L(i) rounded to 5 decimals) and write ``done.json`` last."""
+def portable(text: str, paths: dict[str, str]) -> str:
+    """``text`` with each machine path replaced by its placeholder (``$DATA``, ``$WORK``, ``$REPO``), longest path
+    first: result files name no directory of the machine that wrote them."""
+    for path, name in sorted(paths.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(path, name)
+    return text
+
+
+def keep_results(run_dir: Path, dest: Path, record: dict, paths: dict[str, str]) -> None:
+    """Copy a run's small files to ``dest`` (L(i) rounded to 5 decimals; machine paths as placeholders, ``portable``;
+    train.log verbatim) and write ``done.json`` last."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in SMALL_FILES:
         if (run_dir / name).is_file():
-            shutil.copyfile(run_dir / name, dest / name)
+            (dest / name).write_text(portable((run_dir / name).read_text(), paths))
     ptl = dest / "per_token_loss.json"
     if ptl.is_file():
         res = json.loads(ptl.read_text())
@@ -334,9 +341,14 @@ def keep_results(run_dir: Path, dest: Path, record: dict) -> None:
         for pattern in patterns:
             for f in (run_dir / sub).glob(pattern) if (run_dir / sub).is_dir() else []:
                 (dest / sub).mkdir(exist_ok=True)
-                shutil.copyfile(f, dest / sub / f.name)
+                if f.suffix == ".json":
+                    (dest / sub / f.name).write_text(portable(f.read_text(), paths))
+                else:
+                    shutil.copyfile(f, dest / sub / f.name)
     if (run_dir / "acp_over_training.json").is_file():
-        shutil.copyfile(run_dir / "acp_over_training.json", dest / "acp_over_training.json")
+        (dest / "acp_over_training.json").write_text(portable((run_dir / "acp_over_training.json").read_text(),
+                                                              paths))
+    record = {**record, "command": portable(record["command"], paths)}
     (dest / "done.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -350,6 +362,7 @@ class Job:
         self.log_path = args.work / f"{self.name}.log"  # beside the run dir, which holds train.py's run alone
         self.dest = args.out / "runs" / self.name
         self.status, self.ok, self.t0 = "queued", False, None
+        self.paths = {str(args.data_dir): "$DATA", str(args.work): "$WORK", str(ROOT): "$REPO"}
 
     def _call(self, cmd: list[str], log) -> int:
         env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1")
@@ -389,13 +402,14 @@ class Job:
             self.status = "diverged" if diverged else f"failed (exit {rc})"
             if diverged:  # a result of the sweep: kept, like a finished run
                 self.dest.mkdir(parents=True, exist_ok=True)
-                (self.dest / "failed.json").write_text(json.dumps({**record, "log_tail": tail}, indent=1) + "\n")
+                (self.dest / "failed.json").write_text(portable(json.dumps({**record, "log_tail": tail}, indent=1),
+                                                                 self.paths) + "\n")
                 shutil.copyfile(self.log_path, self.dest / "train.log")
-                keep_results(self.run_dir, self.dest, record)
+                keep_results(self.run_dir, self.dest, record, self.paths)
             return
         self.dest.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self.log_path, self.dest / "train.log")  # train.py's console and the evaluations'
-        keep_results(self.run_dir, self.dest, record)  # done.json last
+        keep_results(self.run_dir, self.dest, record, self.paths)  # done.json last
         self.status, self.ok = "done", True
 
     def progress(self) -> str:

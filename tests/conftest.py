@@ -11,12 +11,10 @@ try:
 except ImportError:  # pragma: no cover - torch is a hard requirement; let the tests fail with the real error
     pass
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import numpy as np
+import pytest
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MARKOV_VOCAB, MARKOV_DOC_LEN = 64, 256
 

@@ -110,7 +110,8 @@ def bench_peers(shapes, flex=True, fla=True):
         for name in fns:
             f_ms, b_ms = res[(name, False)], res[(name, True)]
             lines.append(f"| {sname} {(B, T, H, D)} | {name} | {f_ms:.3f} | {ff / f_ms / 1e9:.1f} | "
-                         f"{ref[False] / f_ms:.2f} | {b_ms:.3f} | {3.5 * ff / b_ms / 1e9:.1f} | {ref[True] / b_ms:.2f} |")
+                         f"{ref[False] / f_ms:.2f} | {b_ms:.3f} | {3.5 * ff / b_ms / 1e9:.1f} | "
+                         f"{ref[True] / b_ms:.2f} |")
         torch.cuda.empty_cache()
     return lines
 

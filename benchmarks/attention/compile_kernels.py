@@ -145,7 +145,8 @@ def sass_loops(kernel, path):
 
 
 def compile_gluon(fn, consts, types, aligned, arch=90, consumers=2):
-    """A Gluon sm90 kernel as the op's launchers (``launchers.forward`` etc. with ``kernel="gluon"``) launch it: bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
+    """A Gluon sm90 kernel as the op's launchers (``launchers.forward`` etc. with ``kernel="gluon"``) launch it:
+    bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
     16-divisible ``aligned`` pointers and strides, 4 warps per partition, and the launch register limit that
     leaves room for the loader's warpgroup besides ``consumers`` consumer warpgroups."""
     import triton
@@ -157,7 +158,8 @@ def compile_gluon(fn, consts, types, aligned, arch=90, consumers=2):
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in aligned}
     src = gluon._runtime.GluonASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
                                         attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=4, maxnreg=L.gluon_maxnreg(4 * consumers)))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options=dict(num_warps=4, maxnreg=L.gluon_maxnreg(4 * consumers)))
 
 
 def _desc(rows, head_dim):
@@ -177,7 +179,8 @@ def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, consumers, has_acp
     """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``), dense or with ACP."""
 
     types = dict(q_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),
-                 v_desc=_desc(block_n, head_dim), ck_desc=_vec(block_n), LF=F32, PK=F32, O=BF16, LSE=F32, LO=I32 if has_acp else F32,
+                 v_desc=_desc(block_n, head_dim), ck_desc=_vec(block_n), LF=F32, PK=F32, O=BF16, LSE=F32,
+                 LO=I32 if has_acp else F32,
                  sm_scale="fp32")
     consts = dict(BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, NUM_STAGES=num_stages, NUM_WG=consumers)
     return compile_gluon(L.jit_kernel("fox_fwd_sm90_kernel"), consts, types,
@@ -220,7 +223,8 @@ def compile_gluon_fused(head_dim, block_m, keys, num_stages, consumers, has_acp,
     vec = _vec(block_m)
 
     def acc(cols):  # an fp32 reduce-add accumulator's descriptor, blocks [block_m, cols]
-        return f"tensordesc<fp32[{block_m},{cols}],{gl.NVMMASharedLayout.get_default_for([block_m, cols], gl.float32)!r}>"
+        layout = gl.NVMMASharedLayout.get_default_for([block_m, cols], gl.float32)
+        return f"tensordesc<fp32[{block_m},{cols}],{layout!r}>"
 
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim), k_desc=_desc(keys, head_dim),
                  v_desc=_desc(keys, head_dim), cq_desc=vec, lse_desc=vec, dl_desc=vec, dq_desc=acc(head_dim),

@@ -6,7 +6,8 @@ as an ``lm_eval.api.model.TemplateLM``.
     lm_eval.simple_evaluate(model="fox", model_args="path=outputs/run_a,batch_size=8", tasks=["piqa"])
 
 model_args: ``path`` (required; ``pretrained`` is the same), ``step`` (checkpoint step, default latest),
-``tokenizer`` (tokenizer.json or HF tokenizer dir, default the run's), ``device`` (default cuda if available), ``batch_size`` (default 8),
+``tokenizer`` (tokenizer.json or HF tokenizer dir, default the run's), ``device`` (default cuda if available),
+``batch_size`` (default 8),
 ``max_length`` (default 16384 tokens: our models have no position limit, so this only bounds memory; longer
 inputs keep their last ``max_length`` tokens), ``max_gen_toks`` (default 256), ``dtype`` (``auto`` = bfloat16
 autocast on CUDA, float32 on CPU; or ``float32`` / ``bfloat16``), ``add_bos_token`` (default true: every input

@@ -8,5 +8,5 @@ from .prompts import left_pad, seq_start_from_mask
 from .scoring import cached_loss
 from .sampling import Sampler
 
-__all__ = ["PagedKVCache", "GenerationOutput", "Sampler", "cached_loss", "decode_step", "evict", "generate", "left_pad", "prefill",
-           "seq_start_from_mask", "thresholds"]
+__all__ = ["PagedKVCache", "GenerationOutput", "Sampler", "cached_loss", "decode_step", "evict", "generate", "left_pad",
+           "prefill", "seq_start_from_mask", "thresholds"]

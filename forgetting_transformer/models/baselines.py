@@ -21,12 +21,8 @@ Python starts; slow, meant for tests). These models have no decoding cache: ``ge
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import logging
 import math
-import os
-import sys
 import warnings
 
 import torch
@@ -34,86 +30,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .decoder import CausalLM
+from .fla_import import import_fla, interpreting, quiet_fla
 from .layers import RMSNorm, SwiGLU, apply_rotary, mlp_hidden_size
 
 FLA_ARCHS = ("fla_mamba2", "fla_deltanet", "fla_hgrn2", "fla_samba", "fla_swa")
-FLA_VERSION = "0.6.0"
-INSTALL_HINT = f"pip install flash-linear-attention=={FLA_VERSION} fla-core=={FLA_VERSION}"
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _recurrent_mode() -> bool:
     """fla's chunked kernels (``chunk_fwd_h``: chunk_simple_gla, chunk_gla, chunk_delta_rule) fail under the
     Triton interpreter (a cast on a loop index that is a Python int there), so on the CPU the same recurrences run
     through fla's fused_recurrent kernels, which it also uses itself for sequences of <= 64 tokens. On a GPU the
     chunked kernels (the fast training path) run; scripts/gpu_baselines.sh checks they agree."""
-    return _interpreting()
-
-
-@contextlib.contextmanager
-def _quiet_fla():
-    """fla warns at import (no flash-attn, no GPU) and per layer (no mamba_ssm / causal_conv1d fast paths) about
-    code paths these models do not take; keep the logs readable."""
-    logger = logging.getLogger("fla")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-
-
-@functools.cache
-def _import_fla():
-    """The fla modules the baselines use; a missing fla raises an ImportError that says how to install it."""
-    try:
-        with _quiet_fla():
-            import fla
-            from fla import layers, modules
-            from fla.layers import mamba as mamba_module
-            from fla.modules import layernorm_gated
-            from fla.ops.attn.parallel import parallel_attn
-            from fla.ops.gla import chunk_gla, fused_recurrent_gla
-            from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
-    except ImportError as e:
-        raise ImportError(f"the fla baselines ({', '.join(FLA_ARCHS)}) need flash-linear-attention: {INSTALL_HINT}"
-                          f" ({e})") from e
-    if fla.__version__ != FLA_VERSION:
-        warnings.warn(f"fla {fla.__version__} is installed; the baselines were written and tested against "
-                      f"{FLA_VERSION} ({INSTALL_HINT})", stacklevel=3)
-    _restore_fox_auto_classes()
-    if _interpreting():
-        _autotune_first_config()
-    norms = (modules.RMSNorm, layernorm_gated.RMSNormGated, modules.FusedRMSNormGated)
-    return dict(layers=layers, norms=norms, parallel_attn=parallel_attn, chunk_simple_gla=chunk_simple_gla,
-                fused_recurrent_simple_gla=fused_recurrent_simple_gla, chunk_gla=chunk_gla,
-                fused_recurrent_gla=fused_recurrent_gla, mamba_fast_path=mamba_module.is_fast_path_available)
-
-
-def _restore_fox_auto_classes() -> None:
-    """Importing fla registers fla's own FoX under the model type ``forgetting_transformer`` with transformers'
-    ``AutoConfig``, the type our ``models/hf.py`` registers: had hf been imported first, ``from_pretrained`` of our
-    exports would now build fla's model. Put ours back (if hf is imported later, its registration wins anyway)."""
-    hf = sys.modules.get(f"{__package__}.hf")
-    if hf is not None:
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        AutoConfig.register(hf.MODEL_TYPE, hf.FoXConfig, exist_ok=True)
-        AutoModelForCausalLM.register(hf.FoXConfig, hf.FoXForCausalLM, exist_ok=True)
-
-
-def _autotune_first_config() -> None:
-    """Under the Triton interpreter there is no GPU to time kernels on, so triton's autotuner fails ("0 active
-    drivers") on fla's autotuned kernels. Every config computes the same result there: report equal timings so
-    the autotuner keeps the first config. Only ever applied when TRITON_INTERPRET=1."""
-    from triton.runtime import autotuner
-
-    autotuner.Autotuner._bench = lambda self, *args, config, **kwargs: [0.0, 0.0, 0.0]
+    return interpreting()
 
 
 def _inverse_softplus_dt(n: int, dt_min: float, dt_max: float, floor: float, device) -> torch.Tensor:
@@ -140,7 +66,7 @@ def _mamba2_ssd_class():
     kernels. On Hopper GPUs fla's gated ``simple_gla`` backward is wrong with triton < 3.7.1 (fla refuses it) and
     crashes at 2k-token sequences with 3.7.1 (triton-lang/triton#11366), so ``"auto"`` picks ``"gla"`` there.
     """
-    fla = _import_fla()
+    fla = import_fla()
 
     class Mamba2SSD(fla["layers"].Mamba2):
         def __init__(self, *args, ssd_kernel: str = "auto", **kwargs):
@@ -275,8 +201,8 @@ class FlaLM(CausalLM):
     """A baseline LM (see the module docstring); ``model.arch`` selects the token mixer."""
 
     def __init__(self, cfg):
-        fla = _import_fla()
-        with _quiet_fla():
+        fla = import_fla()
+        with quiet_fla():
             super().__init__(cfg, _build_blocks(cfg, fla))
         self._norm_types = (RMSNorm, *fla["norms"])
         self._mamba_type = fla["layers"].Mamba
@@ -309,7 +235,7 @@ class FlaLM(CausalLM):
     def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T) → final-norm hidden states (B, T, d_model), the LM head's input."""
         self.check_token_ids(input_ids)
-        if input_ids.device.type != "cuda" and not _interpreting():
+        if input_ids.device.type != "cuda" and not interpreting():
             raise RuntimeError(f"model.arch={self.cfg.arch} runs fla's Triton kernels: use a CUDA device, or set "
                                f"TRITON_INTERPRET=1 before starting Python to run them (slowly) on the CPU")
         x = self.embed(input_ids)  # (B, T, d_model)

@@ -332,7 +332,7 @@ class LayerCache:
     - ``shift_state`` ``(k, v)`` each (B, 1, Hkv, D) (None without KV-shift): the last token's projected keys and
       values before the shift, the ``x_{t-1}`` of the next token's shift.
 
-    ``forgetting_transformer.models.hf.FoXCacheLayer`` is the Hugging Face ``Cache`` layer built on it.
+    ``forgetting_transformer.hf.FoXCacheLayer`` is the Hugging Face ``Cache`` layer built on it.
     """
 
     def __init__(self):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..ops import forgetting_attention
 from ..ops.options import default_options, interpreting
 from ..ops.path_reference import path_attention_ref, path_transform_keys
+from .fla_import import INSTALL_HINT, import_fla, quiet_fla
 from .layers import AttentionBase, compute_dtype, left_padding
 
 BACKENDS = (None, "triton", "reference")
@@ -41,15 +42,12 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @functools.cache
 def _parallel_path_attn():
-    """fla's ``parallel_path_attn``, imported once through the baselines' importer (version check, our Hugging
-    Face auto classes restored after fla registers its own FoX, the autotuner under the Triton interpreter)."""
-    from . import baselines  # here, not at the top: baselines imports the decoder, which may import this module
-
+    """fla's ``parallel_path_attn``, imported once through the models' fla importer (``fla_import``)."""
     try:
-        baselines._import_fla()
+        import_fla()
     except ImportError as e:
-        raise ImportError(f"PaTH's Triton backend runs fla's parallel_path_attn: {baselines.INSTALL_HINT}") from e
-    with baselines._quiet_fla():
+        raise ImportError(f"PaTH's Triton backend runs fla's parallel_path_attn: {INSTALL_HINT}") from e
+    with quiet_fla():
         from fla.ops.path_attn.parallel import parallel_path_attn
     return parallel_path_attn
 

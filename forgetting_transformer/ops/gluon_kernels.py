@@ -11,7 +11,8 @@ log-sum-exp), in three partitions:
     the block's row of PK, the block-local log f prefix sums) and V into a ring of NUM_STAGES shared-memory
     stages, K and V on separate mbarriers;
   * NUM_WG consumer warpgroups (2: the default partition and a worker, 240 registers each; 3: 160 each, the
-    pick of the forward and the dq kernel at head dim 64), BLOCK_M query rows each, run wgmma for Q K^T and P V and the softmax, and
+    pick of the forward and the dq kernel at head dim 64), BLOCK_M query rows each, run wgmma for Q K^T and P V
+    and the softmax, and
     free a stage with one mbarrier arrive each once their MMA has read it. They synchronise only through those
     barriers, so one warpgroup's softmax overlaps the others' MMAs (the ping-pong FlashAttention-3 schedules
     explicitly);
@@ -429,13 +430,15 @@ def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, ck_desc, LF, PK, O, LSE, LO, slb
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     args = (q_desc, k_desc, v_desc, ck_desc, q_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty,
-            v_empty, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
-            sm_scale)
+            v_empty, LF, PK, O, LSE, LO, slb, slt, slh, sob, sot, soh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, GROUP,
+            Tq, Tk, sm_scale)
     if NUM_WG == 3:  # FlashAttention-3's split at head dim 64: more rows share each K/V stage
         gl.warp_specialize([(_fwd_compute_wg, args + (gl.to_tensor(0),)), (_fwd_compute_wg, args + (gl.to_tensor(1),)),
-                            (_fwd_compute_wg, args + (gl.to_tensor(2),)), (_fwd_load_all, args)], [4, 4, 1], [160, 160, 24])
+                            (_fwd_compute_wg, args + (gl.to_tensor(2),)), (_fwd_load_all, args)],
+                           [4, 4, 1], [160, 160, 24])
     else:
-        gl.warp_specialize([(_fwd_compute_wg, args + (gl.to_tensor(0),)), (_fwd_compute_wg, args + (gl.to_tensor(1),)), (_fwd_load_all, args)],
+        gl.warp_specialize([(_fwd_compute_wg, args + (gl.to_tensor(0),)), (_fwd_compute_wg, args + (gl.to_tensor(1),)),
+                            (_fwd_load_all, args)],
                            [4, 1], [240, 24])
 
 
@@ -1090,8 +1093,9 @@ def _dq_tile(dq, rowsum, g, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs,
 
 
 @gluon.jit
-def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA,
-                DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk, sm_scale,
+def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_ready, k_empty, v_empty, LF, PK, O, LSE,
+                DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM, ACP_GN, H, Tq, Tk,
+                sm_scale,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG,
                 NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
     """One consumer warpgroup: the loop of ``triton_kernels._attn_bwd_dq_kernel`` for its rows (``q_smem`` /
@@ -1184,7 +1188,8 @@ def fox_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, ck_desc, LF, PK, O, 
     """grid (B*H, cdiv(Tq, NUM_WG*BLOCK_M)), heaviest query blocks first, num_warps=4: NUM_WG (2 or 3) consumer
     warpgroups of BLOCK_M rows each and a one-warp loader, as in ``fox_fwd_sm90_kernel``. q_desc / do_desc: TMA
     descriptors over the (B*Tq, H*D) views of contiguous q and dO, blocks [BLOCK_M, D]; k_desc / v_desc: over
-    (B*Tk, Hkv*D), blocks [BLOCK_N, D]; ck_desc: 1-D over the flat PK, blocks [BLOCK_N]. O, DQ: contiguous like q (strides sqb, sqt, sqh); LSE / DELTA (B*H, Tq);
+    (B*Tk, Hkv*D), blocks [BLOCK_N, D]; ck_desc: 1-D over the flat PK, blocks [BLOCK_N]. O, DQ: contiguous like q
+    (strides sqb, sqt, sqh); LSE / DELTA (B*H, Tq);
     DROW (B, Tq, H). Writes dq (times sm_scale), delta = rowsum(o * dO) and DROW, the row sums of dS. ACP as in
     the forward."""
     gl.static_assert(NUM_WG == 2 or NUM_WG == 3)
@@ -1195,11 +1200,13 @@ def fox_bwd_dq_sm90_kernel(q_desc, do_desc, k_desc, v_desc, ck_desc, LF, PK, O, 
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     args = (q_desc, do_desc, k_desc, v_desc, ck_desc, q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready,
-            v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr, ACP_NQ, ACP_GM,
-            ACP_GN, H, GROUP, Tq, Tk, sm_scale)
+            v_ready, k_empty, v_empty, LF, PK, O, LSE, DELTA, DQ, DROW, LO, slb, slt, slh, sqb, sqt, sqh, spp, spr,
+            ACP_NQ, ACP_GM, ACP_GN, H, GROUP, Tq, Tk, sm_scale)
     if NUM_WG == 3:
         gl.warp_specialize([(_dq_compute_wg, args + (gl.to_tensor(0),)), (_dq_compute_wg, args + (gl.to_tensor(1),)),
-                            (_dq_compute_wg, args + (gl.to_tensor(2),)), (_dq_load_all, args)], [4, 4, 1], [160, 160, 24])
+                            (_dq_compute_wg, args + (gl.to_tensor(2),)), (_dq_load_all, args)],
+                           [4, 4, 1], [160, 160, 24])
     else:
-        gl.warp_specialize([(_dq_compute_wg, args + (gl.to_tensor(0),)), (_dq_compute_wg, args + (gl.to_tensor(1),)), (_dq_load_all, args)],
+        gl.warp_specialize([(_dq_compute_wg, args + (gl.to_tensor(0),)), (_dq_compute_wg, args + (gl.to_tensor(1),)),
+                            (_dq_load_all, args)],
                            [4, 1], [240, 24])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 
-def warmup_cosine_lr(tokens: int, *, lr: float, warmup_tokens: int, total_tokens: int, min_lr_ratio: float = 0.0) -> float:
+def warmup_cosine_lr(tokens: int, *, lr: float, warmup_tokens: int, total_tokens: int,
+                     min_lr_ratio: float = 0.0) -> float:
     """Linear warmup from 0 to ``lr`` over ``warmup_tokens``, then cosine decay to ``min_lr_ratio * lr`` at
     ``total_tokens``; constant at the minimum after that."""
     if tokens < warmup_tokens:

@@ -143,7 +143,8 @@ def test_ab_times_each_sides_own_package(tmp_path):
     shutil.copytree(ROOT / "forgetting_transformer", slow / "forgetting_transformer",
                     ignore=shutil.ignore_patterns("__pycache__"))
     init = slow / "forgetting_transformer" / "ops" / "__init__.py"
-    init.write_text(init.read_text() + "\n\nimport functools as _ft\nimport time as _time\n\n_fa = forgetting_attention\n\n\n"
+    init.write_text(init.read_text() + "\n\nimport functools as _ft\nimport time as _time\n\n"
+                    "_fa = forgetting_attention\n\n\n"
                     "@_ft.wraps(_fa)\ndef forgetting_attention(*a, **kw):\n    _time.sleep(0.25)\n"
                     "    return _fa(*a, **kw)\n")
     r = tool("ab", ROOT, slow, "--shapes", "tiny", "--cases", "dense", "--rounds", "2", "--expect-equal",

@@ -180,9 +180,11 @@ def test_bpe_trained_on_train_split_only(tmp_path):
 
 
 def test_gutenberg_stripping():
-    text = "hdr\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n\nBody line.\nMore.\n*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nfooter"
+    text = ("hdr\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\n\nBody line.\nMore.\n"
+            "*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nfooter")
     assert strip_gutenberg_boilerplate(text) == "Body line.\nMore."
-    wrapped = "hdr\n***START OF THE PROJECT GUTENBERG EBOOK A LONG\nTITLE***\nBody.\n***END OF THE PROJECT GUTENBERG EBOOK A LONG TITLE***\n"
+    wrapped = ("hdr\n***START OF THE PROJECT GUTENBERG EBOOK A LONG\nTITLE***\nBody.\n"
+               "***END OF THE PROJECT GUTENBERG EBOOK A LONG TITLE***\n")
     assert strip_gutenberg_boilerplate(wrapped) == "Body."
     only_start = "hdr\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\nBody"
     assert strip_gutenberg_boilerplate(only_start) == only_start
@@ -394,10 +396,11 @@ def test_heldout_inputs_fix_the_split_and_the_tokenizer_sees_train_only(corpus, 
     assert first["first_row"] == 0
     # the same call is up to date; a changed held-out file rebuilds
     mtime = (out / "meta.json").stat().st_mtime_ns
-    ensure_prepared(out, inputs=[corpus["root"] / "b.jsonl", corpus["root"] / "c.jsonl.xz"], heldout_inputs=[held], **KW)
+    inputs = [corpus["root"] / "b.jsonl", corpus["root"] / "c.jsonl.xz"]
+    ensure_prepared(out, inputs=inputs, heldout_inputs=[held], **KW)
     assert (out / "meta.json").stat().st_mtime_ns == mtime
     held.write_text(held.read_text() + json.dumps({"text": words(rng, 200)}) + "\n")
-    ensure_prepared(out, inputs=[corpus["root"] / "b.jsonl", corpus["root"] / "c.jsonl.xz"], heldout_inputs=[held], **KW)
+    ensure_prepared(out, inputs=inputs, heldout_inputs=[held], **KW)
     assert json.loads((out / "meta.json").read_text())["stats"]["heldout"]["docs"] == 3
 
 

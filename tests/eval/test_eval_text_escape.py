@@ -121,7 +121,7 @@ def test_the_export_records_the_escape_for_auto_tokenizer(json_run, tmp_path):
 def test_data_and_model_of_different_escapes_are_refused_naming_both(json_run, tmp_path):
     from eval.per_token_loss.run import evaluate_run
     from forgetting_transformer.data.prepare import prepare_corpus
-    from forgetting_transformer.models.hf_tokenizer import save_tokenizer
+    from forgetting_transformer.hf.tokenizer import save_tokenizer
 
     run, data, texts = json_run
     for name, text in texts.items():

@@ -285,7 +285,8 @@ def test_table_markdown_and_latex(tmp_path):
     # only some columns present → only those shown; CLI writes the file
     only = table.markdown(table.load_scores([_scores(tmp_path, "x", {"trec": 3.0, "passage_count": 4.0})]),
                           datasets=["trec", "passage_count"])
-    assert only.splitlines()[0] == "| Model | TREC | PCount | Avg |" and "| x | **3.00** | **4.00** | **3.50** |" in only
+    assert only.splitlines()[0] == "| Model | TREC | PCount | Avg |"
+    assert "| x | **3.00** | **4.00** | **3.50** |" in only
     table.main([str(tmp_path / "FoX (Pro)"), "--latex", "--out", str(tmp_path / "t.tex")])
     assert (tmp_path / "t.tex").read_text().startswith(r"\begin{tabular}")
 

@@ -357,7 +357,7 @@ def test_generation_names_each_batch_and_its_steps_for_the_progress_line(monkeyp
                       (second, None), (second, "prefill of 3 tokens"), (second, "decoding token 2 of at most 3"),
                       (second, "decoding token 3 of at most 3")]
 
-    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
+    from forgetting_transformer.hf import FoXConfig, FoXForCausalLM
 
     lm = tiny_lm("fox_pro")
     model = FoXForCausalLM(FoXConfig.from_model_config(lm.cfg)).eval()

@@ -1,11 +1,9 @@
 """scripts/bench_eval_generation.py on the CPU at toy size: both paths' rows, equal continuations, and --out."""
 
-import sys
-from pathlib import Path
+from tests.script_modules import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_eval_generation import COLUMNS, main  # noqa: E402
+load_script("bench_generate")  # its sibling import
+COLUMNS, main = load_script("bench_eval_generation").COLUMNS, load_script("bench_eval_generation").main
 
 
 def test_bench_times_both_paths_on_the_same_prompts_and_writes_the_table(tmp_path, capsys, monkeypatch):

@@ -1,11 +1,8 @@
 """scripts/bench_generate.py on the CPU at toy size: every mode's row, the kept-KV column, and --out."""
 
-import sys
-from pathlib import Path
+from tests.script_modules import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench_generate import COLUMNS, main  # noqa: E402
+COLUMNS, main = load_script("bench_generate").COLUMNS, load_script("bench_generate").main
 
 
 def test_bench_prints_and_writes_a_row_per_model_batch_and_mode(tmp_path, capsys):

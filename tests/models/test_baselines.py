@@ -22,6 +22,7 @@ from hydra.errors import ConfigCompositionException
 
 from forgetting_transformer.config import ConfigError, register_configs, validate
 from forgetting_transformer.models import baselines, build_model
+from forgetting_transformer.models.fla_import import import_fla
 from forgetting_transformer.training.run import config_error_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +125,7 @@ def test_reset_parameters_covers_everything_deterministically(name):
 def test_mamba2_scan_matches_flas_naive_ssd():
     """Our Mamba-2 forward (fla's GLA kernels) against fla's own PyTorch SSD on the same layer (fla runs that naive
     path whenever mamba_ssm is not installed)."""
-    fla_layers = baselines._import_fla()["layers"]
+    fla_layers = import_fla()["layers"]
     torch.manual_seed(0)
     layer = baselines._mamba2_ssd_class()(hidden_size=32, head_dim=16, state_size=16, expand=2, n_groups=1,
                                           conv_kernel=4, chunk_size=16).to(DEVICE)
@@ -159,7 +160,7 @@ def test_mamba2_gla_kernel_computes_the_simple_gla_scan():
 def test_sliding_window_attention_matches_masked_sdpa():
     cfg = config("transformer_swa", "model.window_size=8", "model.head_dim=16")
     torch.manual_seed(0)
-    attn = baselines.SlidingWindowAttention(cfg.model, baselines._import_fla()["parallel_attn"]).to(DEVICE)
+    attn = baselines.SlidingWindowAttention(cfg.model, import_fla()["parallel_attn"]).to(DEVICE)
     x = torch.randn(2, 40, 64, device=DEVICE)
     with torch.no_grad():
         ours = attn(x)
@@ -229,7 +230,7 @@ def test_models_import_without_fla_and_building_one_says_how_to_install():
 
 def test_building_a_baseline_keeps_our_hf_auto_classes():
     # fla's import registers its own "forgetting_transformer" model type with transformers; ours must stay.
-    code = ("import forgetting_transformer.models.hf as hf\n"
+    code = ("import forgetting_transformer.hf as hf\n"
             "from transformers import AutoConfig\n"
             "from forgetting_transformer.config import FlaConfig\n"
             "from forgetting_transformer.models import build_model\n"
@@ -338,7 +339,7 @@ def bf16(fn, *args):
 @gpu
 def test_gpu_mamba2_chunked_scan_matches_flas_naive_ssd_at_length():
     """bf16 (chunked kernels) against fla's naive SSD in fp32, at 1,000 tokens."""
-    fla_layers = baselines._import_fla()["layers"]
+    fla_layers = import_fla()["layers"]
     torch.manual_seed(0)
     layer = baselines._mamba2_ssd_class()(hidden_size=256, head_dim=64, state_size=128, expand=2, n_groups=1,
                                           conv_kernel=4, chunk_size=128).cuda()
@@ -351,7 +352,7 @@ def test_gpu_mamba2_chunked_scan_matches_flas_naive_ssd_at_length():
 def test_gpu_mamba2_gla_kernel_matches_simple_gla_forward():
     """The chunked GLA route ("auto" on Hopper) against chunk_simple_gla, forward only: simple_gla's backward is
     the part that is broken on Hopper (docs/baselines.md)."""
-    fla_layers = baselines._import_fla()["layers"]
+    fla_layers = import_fla()["layers"]
     torch.manual_seed(0)
     layer = baselines._mamba2_ssd_class()(hidden_size=256, head_dim=64, state_size=128, expand=2, n_groups=1,
                                           conv_kernel=4, chunk_size=128, ssd_kernel="gla").cuda()
@@ -367,7 +368,7 @@ def test_gpu_mamba2_gla_kernel_matches_simple_gla_forward():
 def test_gpu_sliding_window_attention_bf16_matches_sdpa():
     cfg = config("transformer_swa", "model.d_model=512", "model.head_dim=128", "model.window_size=256")
     torch.manual_seed(0)
-    attn = baselines.SlidingWindowAttention(cfg.model, baselines._import_fla()["parallel_attn"]).cuda()
+    attn = baselines.SlidingWindowAttention(cfg.model, import_fla()["parallel_attn"]).cuda()
     x = torch.randn(2, 2048, 512, device="cuda")
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         ours = attn(x).float()

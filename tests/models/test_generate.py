@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicCache
 
-from forgetting_transformer.models.hf import FoXCache, FoXConfig, FoXForCausalLM
+from forgetting_transformer.hf import FoXCache, FoXConfig, FoXForCausalLM
 
 PRO = dict(qk_norm=True, output_gate=True, output_norm=True, kv_shift=True)
 VARIANTS = {
@@ -159,7 +159,8 @@ def test_unsupported_inputs_are_clear_errors():
     for kw in (dict(input_ids=ids, inputs_embeds=torch.zeros(2, 5, 32)), {}):
         with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
             model(**kw)
-    with pytest.raises(ValueError, match=r"inputs_embeds must be \(batch, seq_len, d_model=32\); got shape \(2, 5, 16\)"):
+    shape = r"inputs_embeds must be \(batch, seq_len, d_model=32\); got shape \(2, 5, 16\)"
+    with pytest.raises(ValueError, match=shape):
         model(inputs_embeds=torch.zeros(2, 5, 16))
 
 
@@ -332,7 +333,7 @@ def test_static_cache_generate_equals_the_default_cache():
 
 
 def test_acp_eviction_argument_and_config_flag_take_the_static_path(monkeypatch):
-    import forgetting_transformer.models.hf as hf
+    import forgetting_transformer.hf as hf
 
     calls = []
     static = hf.static_generate

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from forgetting_transformer.config import DecoderConfig
 from forgetting_transformer.models import build_model
-from forgetting_transformer.models.hf import MODEL_DEFAULTS, MODEL_FIELDS, FoXConfig, FoXForCausalLM
+from forgetting_transformer.hf import MODEL_DEFAULTS, MODEL_FIELDS, FoXConfig, FoXForCausalLM
 from forgetting_transformer.models.layers import decay_bias_init
 
 ROOT = Path(__file__).resolve().parents[2]

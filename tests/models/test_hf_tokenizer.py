@@ -6,9 +6,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-import forgetting_transformer.models.hf  # noqa: F401  (registers FoXTokenizerFast with AutoTokenizer)
+import forgetting_transformer.hf  # noqa: F401  (registers FoXTokenizerFast with AutoTokenizer)
 from forgetting_transformer.data.tokenizer import EOT, json_escape, train_bpe
-from forgetting_transformer.models.hf_tokenizer import (FoXTokenizerFast, fox_tokenizer, save_tokenizer,
+from forgetting_transformer.hf.tokenizer import (FoXTokenizerFast, fox_tokenizer, save_tokenizer,
                                                         saved_text_escape)
 
 TEXTS = ['He said "stop".\nThen\tleft.', "café 漢字 😀 \\ back\\slash", "plain words only", "a\x00b\x1fc"]

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-import forgetting_transformer.models.hf  # noqa: F401  (registers the Auto classes)
+import forgetting_transformer.hf  # noqa: F401  (registers the Auto classes)
 from forgetting_transformer.models.layers import mlp_hidden_size
 from forgetting_transformer.models.official import (OfficialFormatError, decoder_settings, decoder_state_dict,
                                                     official_config, official_mlp_width, official_state_dict)
@@ -110,7 +110,7 @@ def test_greedy_continuation_equals_the_official_one(converted, name, cache):
 
 
 def _model_from(tensors, settings):
-    from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
+    from forgetting_transformer.hf import FoXConfig, FoXForCausalLM
 
     model = FoXForCausalLM(FoXConfig(**settings)).eval()
     model.model.load_state_dict(decoder_state_dict(tensors, settings), strict=True)
@@ -280,7 +280,7 @@ def test_export_refuses_what_the_official_code_cannot_express():
     assert torch.equal(out["model.layers.0.attn.output_norm.weight"], torch.arange(4.0).repeat(2))
 
 
-def _gpt2_style_tokenizer_files(d: Path) -> "Tokenizer":
+def _gpt2_style_tokenizer_files(d: Path):
     """A small byte-level BPE saved as the official JSONGPT2Tokenizer saves GPT-2's: vocab.json, merges.txt and a
     tokenizer_config.json naming the class; <|endoftext|> is its special token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

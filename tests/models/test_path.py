@@ -342,8 +342,7 @@ def test_kernel_takes_left_padding_row_by_row_as_the_reference_masks_it():
 
 COMPILED_FIRST_CALL = """
 import sys, torch
-sys.path.insert(0, "tests/models")
-from test_path import DEVICE, PRO, make_layer, rel_err
+from tests.models.test_path import DEVICE, PRO, make_layer, rel_err
 layer = make_layer(dtype=torch.float32, heads=(4, 2), head_dim=16, fgate="data_dependent", **PRO).to(DEVICE)
 layer.backend = "triton"
 x = torch.randn(2, 24, 16, device=DEVICE)

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from forgetting_transformer.config import PATH_HEAD_DIMS, DecoderConfig
 from forgetting_transformer.models import build_model
-from forgetting_transformer.models.hf import FoXConfig, FoXForCausalLM
+from forgetting_transformer.hf import FoXConfig, FoXForCausalLM
 from forgetting_transformer.models.layers import Attention, LayerCache
 from forgetting_transformer.models.path import KERNEL_HEAD_DIMS, PathAttention, PathCache
 from forgetting_transformer.training.parallel import init_weights

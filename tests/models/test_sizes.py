@@ -1,7 +1,6 @@
 """Named sizes are data: every model config (the fla baselines included) at every paper size is within 5% of its
 nominal size."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +10,10 @@ from hydra import compose, initialize_config_dir
 from forgetting_transformer.config import register_configs
 from forgetting_transformer.models import build_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from count_params import BASELINES, MODELS, SIZES, count  # noqa: E402
+from tests.script_modules import load_script
+
+count_params = load_script("count_params")
+BASELINES, MODELS, SIZES, count = count_params.BASELINES, count_params.MODELS, count_params.SIZES, count_params.count
 
 register_configs()  # the schemas the config files extend (count_params.main does the same)
 

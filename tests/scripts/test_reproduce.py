@@ -88,6 +88,10 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
         for f in ("config.yaml", "metrics.jsonl", "per_token_loss.json", "train.log"):
             assert (d / f).is_file(), (name, f)
         assert done["device"] == "cpu" and done["command"].startswith("python train.py experiment=books/")
+        # no directory of the machine in the kept files (train.log aside, the console verbatim)
+        assert "data.data_dir=$DATA output_dir=$WORK/" in done["command"], done["command"]
+        for f in (d / "config.yaml", d / "per_token_loss.json", d / "done.json"):
+            assert str(tmp) not in f.read_text(), f
         assert (d / "acp" / "acp.json").is_file() == done["model"].startswith("fox"), name
         assert (d / "niah").is_dir() == (done["part"] in ("main", "path")), name
     fox = tmp / "results" / "runs" / next(n for n in runs if n.startswith("fox_pro-") and runs[n]["part"] == "main")

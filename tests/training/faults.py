@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import importlib.util
 import io
 import json
 import os
@@ -224,13 +225,15 @@ def child(req: dict) -> None:
 
 def serve() -> None:
     os.chdir(ROOT)
-    sys.path.insert(0, str(ROOT))
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401  (imported once here, not in every run)
 
-    import train  # noqa: F401  (every run forks from here with it imported)
+    # every run forks from here with train.py imported (by its path: the repository root is not on sys.path)
+    spec = importlib.util.spec_from_file_location("train", ROOT / "train.py")
+    sys.modules["train"] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
 
     for line in sys.stdin:
         req = json.loads(line)

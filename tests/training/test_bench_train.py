@@ -1,13 +1,13 @@
 """scripts/bench_train.py's SDPA pin (the rest of the script needs a GPU: docs/benchmarks.md)."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from bench_train import _pin_sdpa, _sdpa_choice  # noqa: E402
+from tests.script_modules import load_script
+
+bench_train = load_script("bench_train")
+_pin_sdpa, _sdpa_choice = bench_train._pin_sdpa, bench_train._sdpa_choice
 
 FLAGS = ("flash_sdp_enabled", "cudnn_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled")
 

@@ -287,7 +287,7 @@ def test_arch_names_of_the_schemas_are_the_model_registry():
 
 @pytest.mark.parametrize("imported, absent", [
     ("forgetting_transformer.config", ["torch", "forgetting_transformer.models"]),
-    ("forgetting_transformer.models.hf", ["forgetting_transformer.config"]),
+    ("forgetting_transformer.hf", ["forgetting_transformer.config"]),
 ])
 def test_config_and_models_do_not_import_each_other(imported, absent):
     code = f"import sys, {imported}\nprint([m for m in {absent!r} if m in sys.modules])"

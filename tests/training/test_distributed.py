@@ -35,8 +35,8 @@ def process_tree(pid):
     return tree
 
 
-def torchrun(data_dir, out, *extra):
-    cmd = command(data_dir, out, *extra)
+def torchrun(data, out, *extra):
+    cmd = command(data, out, *extra)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *cmd[1:]]
 
 

@@ -2,7 +2,7 @@
 that applies the text escape of the model's training data (``data.text_escape``; ``json`` for LongCrawl64, whose
 documents were tokenized as ``json.dumps(text)[1:-1]``), and the functions that build and save one.
 
-Importing ``forgetting_transformer.models.hf`` registers the class with ``AutoTokenizer``, so
+Importing ``forgetting_transformer.hf`` registers the class with ``AutoTokenizer``, so
 ``AutoTokenizer.from_pretrained(dir)`` gives it back with the escape recorded in ``dir/tokenizer_config.json``
 (without that import transformers falls back to its plain tokenizer class, which does not escape). See docs/hf.md.
 """
@@ -110,7 +110,7 @@ def fox_tokenizer(source, *, bos_id: int, text_escape: str = "none") -> FoXToken
 def save_tokenizer(source, out_dir, *, bos_id: int, text_escape: str) -> FoXTokenizerFast:
     """Write ``fox_tokenizer(source, bos_id=..., text_escape=...)`` to ``out_dir`` (tokenizer.json and
     tokenizer_config.json, which records ``tokenizer_class: FoXTokenizerFast`` and ``text_escape``) and return it.
-    ``AutoTokenizer.from_pretrained(out_dir)`` after ``import forgetting_transformer.models.hf`` loads it back."""
+    ``AutoTokenizer.from_pretrained(out_dir)`` after ``import forgetting_transformer.hf`` loads it back."""
     tok = fox_tokenizer(source, bos_id=bos_id, text_escape=text_escape)
     tok.save_pretrained(str(out_dir))
     return tok

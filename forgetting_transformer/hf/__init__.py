@@ -1,9 +1,9 @@
 """Hugging Face ``transformers`` (5.x) integration: ``FoXConfig``, ``FoXForCausalLM`` and the KV cache ``FoXCache``.
 
 Importing this module registers the model type ``forgetting_transformer`` with ``AutoConfig`` and
-``AutoModelForCausalLM``, and ``FoXTokenizerFast`` (``hf_tokenizer.py``: the tokenizer that applies the training
+``AutoModelForCausalLM``, and ``FoXTokenizerFast`` (``hf/tokenizer.py``: the tokenizer that applies the training
 data's text escape) with ``AutoTokenizer``, so ``AutoModelForCausalLM.from_pretrained(dir)`` and
-``AutoTokenizer.from_pretrained(dir)`` work after ``import forgetting_transformer.models.hf``.
+``AutoTokenizer.from_pretrained(dir)`` work after ``import forgetting_transformer.hf``.
 ``FoXForCausalLM.model`` is a plain ``DecoderLM``: its state dict is a training checkpoint's with the prefix
 ``model.``. See docs/hf.md.
 """
@@ -29,10 +29,10 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..inference.generate import generate as static_generate
 from ..inference.prompts import seq_start_from_mask
-from .decoder import DecoderLM, is_path
-from .hf_tokenizer import FoXTokenizerFast
-from .layers import ForgetGate, LayerCache, RMSNorm, decay_bias_init
-from .path import PathCache
+from ..models.decoder import DecoderLM, is_path
+from ..models.layers import ForgetGate, LayerCache, RMSNorm, decay_bias_init
+from ..models.path import PathCache
+from .tokenizer import FoXTokenizerFast
 
 MODEL_TYPE = "forgetting_transformer"
 # The decoder's settings (the keys of the decoder config schema, forgetting_transformer.config.DecoderConfig, but
@@ -278,7 +278,8 @@ class FoXCache(Cache):
 
 
 class FoXForCausalLM(PreTrainedModel, GenerationMixin):
-    """``DecoderLM`` (FoX, Transformer, PaTH or PaTH-FoX, any config) as a ``transformers`` causal LM with ``generate()``.
+    """``DecoderLM`` (FoX, Transformer, PaTH or PaTH-FoX, any config) as a ``transformers`` causal LM with
+    ``generate()``.
 
     ``labels`` follow the Hugging Face convention: pass ``labels = input_ids`` (``-100`` = ignored); they are
     shifted inside, and the loss is the mean next-token cross-entropy over non-ignored targets whose token and
