@@ -80,15 +80,18 @@ def claim1_table(runs: list[RunResult]) -> str:
                      *(fmt(rs[s].heldout) if s in rs else "–" for s in seeds), fmt(mean), fmt(math.exp(mean), 2)])
     text = table(["model", "peak lr", "parameters", *(f"seed {s}" for s in seeds), "mean", "perplexity"], rows)
     got = {label: rs for label, _, rs in chosen}
-    diff_rows = []
-    for first, second, sign, name in CLAIM1_PAIRS:
-        if first in got and second in got:
-            diffs = paired(got[first], got[second])
-            ci = paired_interval(diffs)
-            diff_rows.append([name, ", ".join(f"{d:+.4f}" for d in diffs), interval_text(ci),
-                              {1: "higher", -1: "lower"}[sign], verdict(ci, sign)])
-    return text + "\n\n" + table(["paired difference (nats/token)", "per seed", "mean [95% interval]",
-                                   "paper: first is", "verdict"], diff_rows, "lllll")
+    return text + "\n\n" + pairs_table([(name, paired(got[first], got[second]), sign)
+                                         for first, second, sign, name in CLAIM1_PAIRS
+                                         if first in got and second in got])
+
+
+def pairs_table(pairs: list[tuple[str, list[float], int | None]]) -> str:
+    """(name, paired differences, the paper's sign of them or None) → the table of means, 95% intervals and
+    verdicts."""
+    rows = [[name, ", ".join(f"{d:+.4f}" for d in diffs), interval_text(ci := paired_interval(diffs)),
+             {None: "–", 1: "higher", -1: "lower"}[sign], verdict(ci, sign)] for name, diffs, sign in pairs]
+    return table(["paired difference (nats/token)", "per seed", "mean [95% interval]", "paper: first is", "verdict"],
+                 rows, "lllll")
 
 
 # (first, second, the sign of first − second in the paper, name): the paper's order of its seven models (Table 1)
@@ -273,15 +276,9 @@ def released_table(runs: list[RunResult]) -> str:
                            for label, _, _ in RELEASED)])
     text = table(["seed", *(f"{name} (lr {pick.get(family, float('nan')):g})" for _, family, name in RELEASED)],
                   rows)
-    diff_rows = []
-    for label, base, sign, name in RELEASED_PAIRS:
-        common = sorted(set(by[label]) & set(by[base]))
-        diffs = [by[label][s] - by[base][s] for s in common]
-        ci = paired_interval(diffs)
-        diff_rows.append([name, ", ".join(f"{d:+.4f}" for d in diffs),
-                          interval_text(ci), {None: "–", 1: "higher", -1: "lower"}[sign], verdict(ci, sign)])
-    return text + "\n\n" + table(["paired difference (nats/token)", "per seed", "mean [95% interval]",
-                                   "paper: first is", "verdict"], diff_rows, "lllll")
+    pairs = [(name, [by[label][s] - by[base][s] for s in sorted(set(by[label]) & set(by[base]))], sign)
+             for label, base, sign, name in RELEASED_PAIRS]
+    return text + "\n\n" + pairs_table(pairs)
 
 
 # The PaTH comparison: each model's position information, at its family's pick (PaTH at FoX (Pro)'s)

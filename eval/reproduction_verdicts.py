@@ -36,6 +36,34 @@ def _pair(runs, first: str, second: str, sign: int = +1) -> tuple[list[float], s
     return diffs, verdict(paired_interval(diffs), sign)
 
 
+def _seeds_verdict(diffs: list[float], sign: int) -> str:
+    """The verdict, with one seed called inconclusive plainly (the count is said beside it)."""
+    return verdict(paired_interval(diffs), sign) if len(diffs) > 1 else "inconclusive"
+
+
+REMOVALS = (("kv_shift", "KV-shift"), ("output_gate", "output gate"), ("output_norm", "output norm"),
+            ("qk_norm", "QK-norm"))
+
+
+def removals(runs) -> list[tuple[str, list[float]]]:
+    """(switch name, released FoX (Pro) without it − with it at each shared seed) for the four Pro switches."""
+    lr = picks(runs).get("fox")
+    return [(name, paired(by_seed(runs, f"fox_pro_released_no_{k}", lr), by_seed(runs, "fox_pro_released", lr)))
+            for k, name in REMOVALS]
+
+
+def _fox_mean(runs) -> float:
+    """FoX (Pro)'s mean held-out loss over its released-definition seeds (nan without any)."""
+    rs = by_seed(runs, "fox_pro_released", picks(runs).get("fox")).values()
+    return float(np.mean([r.heldout for r in rs])) if rs else math.nan
+
+
+def _below_fox(runs) -> list[str]:
+    """The baselines whose best run is below FoX (Pro)'s mean."""
+    fox = _fox_mean(runs)
+    return [LABELS[b] for b, lr in baseline_pick(runs).items() if by_seed(runs, b, lr)[0].heldout < fox]
+
+
 def _full(r: RunResult) -> bool:
     """The run's L(i) reaches the last band (16,384 tokens)."""
     return r.loss_curve is not None and len(r.loss_curve) >= BANDS[-1][1]
@@ -70,17 +98,16 @@ def claim1(runs: list[RunResult]) -> str:
     if order:
         text += (f" The paper's FoX (Pro) beats its FoX (LLaMA); here FoX (LLaMA) − FoX (Pro) is "
                  f"{_d(np.mean(order))}, {_ci(order)}: {v_order}.")
-    return text + "\n\n" + baselines_sentence(runs, mean)
+    return text + "\n\n" + baselines_sentence(runs)
 
 
-def baselines_sentence(runs, mean: dict) -> str:
+def baselines_sentence(runs) -> str:
     best = baseline_pick(runs)
     if not best:
         return "The recurrent baselines: not run yet (`--parts baselines`)."
-    fox = mean.get("fox_pro_released")
-    parts = [f"{LABELS[b]} {_d(by_seed(runs, b, lr)[0].heldout - fox)}" for b, lr in best.items() if 0 in
-             by_seed(runs, b, lr)]
-    below = [LABELS[b] for b, lr in best.items() if by_seed(runs, b, lr)[0].heldout < fox]
+    fox = _fox_mean(runs)
+    parts = [f"{LABELS[b]} {_d(by_seed(runs, b, lr)[0].heldout - fox)}" for b, lr in best.items()]
+    below = _below_fox(runs)
     text = (f"**The paper's recurrent baselines**, one seed each at the best of three rates, against the mean of "
             f"FoX (Pro)'s seeds: {', '.join(parts)} nats/token. ")
     if below:
@@ -252,8 +279,7 @@ def claim4(runs: list[RunResult]) -> str:
         text += (f" Speed: at seed {s} both runs trained on an {acp[s].device}; the median tokens/s of their 10-step "
                  f"log windows (the first excluded) gives ACP {ratio:.2f}× the dense run, "
                  f"{'inside' if 1.1 <= ratio <= 1.35 else 'above' if ratio > 1.35 else 'below'} the paper's 10–35%. "
-                 "The two runs did not train back to back, so this "
-                 "ratio also holds the machines' drift.")
+                 "The two runs did not train back to back, so this ratio also holds the machines' drift.")
     return text
 
 
@@ -271,8 +297,8 @@ def claim5(runs: list[RunResult]) -> str:
     others = [100 * x.acp["tile_fraction"] for x in runs if x.acp and x.label == "fox_pro" and x is not r]
     text = (f"**Verdict: reproduced, with more local heads than the paper.** In {r.name}, {local} of {total} heads "
             f"have more than half their tiles pruned (local heads). Layers with a global head "
-            f"({100 * GLOBAL_PRUNED:.0f}% "
-            f"of its tiles pruned or fewer), with those heads' decay times −1/mean log f in tokens: "
+            f"({100 * GLOBAL_PRUNED:.0f}% of its tiles pruned or fewer), with those heads' decay times −1/mean log f "
+            f"in tokens: "
             f"{', '.join(glob)}. Overall ACP prunes {100 * r.acp['tile_fraction']:.1f}% of the forward tiles at "
             f"{r.acp['tokens']:,} tokens; the paper reports around 70% of attention FLOPs at every size it tested.")
     if others:
@@ -287,12 +313,12 @@ def path(runs: list[RunResult]) -> str:
                                  ("transformer_pro", "transformer"))}
     if 0 not in got["path_fox_pro"] or 0 not in got["fox_pro"]:
         return "Not run yet: `--parts path`."
-    fox = got["fox_pro"]
-    spread = max(r.heldout for r in fox.values()) - min(r.heldout for r in fox.values())
-    d = got["path_fox_pro"][0].heldout - fox[0].heldout
-    text = (f"**Verdict: inconclusive (one seed).** PaTH-FoX (Pro) − FoX (Pro) at seed 0 is {_d(d)} nats/token, "
-            f"against FoX (Pro)'s spread of {spread:.3f} over its {len(fox)} seeds of the same definition; the paper "
-            "has PaTH-FoX ahead.")
+    spread = _spread(runs, "fox_pro")
+    d = got["path_fox_pro"][0].heldout - got["fox_pro"][0].heldout
+    text = f"**Verdict: inconclusive (one seed).** PaTH-FoX (Pro) − FoX (Pro) at seed 0 is {_d(d)} nats/token"
+    if spread:
+        text += f", against FoX (Pro)'s spread of {spread[0]:.3f} over its {spread[1]} seeds of the same definition"
+    text += "; the paper has PaTH-FoX ahead."
     if 0 in got["path_pro"] and 0 in got["transformer_pro"]:
         p, t = got["path_pro"][0], got["transformer_pro"][0]
         text += f" PaTH (Pro), without the gate, is {_d(p.heldout - t.heldout)} against the Transformer (Pro) with RoPE"
@@ -302,14 +328,8 @@ def path(runs: list[RunResult]) -> str:
 
 
 def released(runs: list[RunResult]) -> str:
-    rows = []
-    for k, name in (("kv_shift", "KV-shift"), ("output_gate", "the output gate"), ("output_norm", "the output norm"),
-                    ("qk_norm", "QK-norm")):
-        lr = picks(runs).get("fox")
-        diffs = paired(by_seed(runs, f"fox_pro_released_no_{k}", lr), by_seed(runs, "fox_pro_released", lr))
-        if diffs:
-            v = verdict(paired_interval(diffs), +1) if len(diffs) > 1 else "inconclusive"
-            rows.append(f"removing {name} {_d(np.mean(diffs))} at {len(diffs)} seed{'s' * (len(diffs) > 1)} ({v})")
+    rows = [f"removing {name} {_d(np.mean(diffs))} at {len(diffs)} seed{'s' * (len(diffs) > 1)} "
+            f"({_seeds_verdict(diffs, +1)})" for name, diffs in removals(runs) if diffs]
     pro, v_pro = _pair(runs, "transformer_pro_released", "fox_pro_released")
     if not pro:
         return "Not run yet: `--parts released`."
@@ -334,10 +354,9 @@ def llama_sweep(runs: list[RunResult]) -> str:
 
 
 def speed(runs: list[RunResult]) -> str:
-    out = []
+    out, lrs = [], dict(compared(runs))
     for fox, tf, name in (("fox_pro_released", "transformer_pro_released", "Pro"),
                           ("fox_llama", "transformer_llama", "LLaMA")):
-        lrs = dict(compared(runs))
         f, t = by_seed(runs, fox, lrs.get(fox)).values(), by_seed(runs, tf, lrs.get(tf)).values()
         for device in sorted({r.device for r in f} & {r.device for r in t}):
             fs = [r.tokens_per_s for r in f if r.device == device and r.tokens_per_s]
@@ -360,21 +379,15 @@ def summary(runs: list[RunResult]) -> str:
     rows.append(["1. FoX beats the Transformer", f"Pro: {v_pro} ({len(pro)} seeds); LLaMA: {v_llama} "
                  f"({len(llama)} seeds)"])
     rows.append(["1. FoX (Pro) beats FoX (LLaMA)", f"{v_order} ({len(order)} seeds)"])
-    best = baseline_pick(runs)
-    fox = np.mean([r.heldout for r in by_seed(runs, "fox_pro_released", picks(runs).get("fox")).values()] or [np.nan])
-    below = [LABELS[b] for b, lr in best.items() if by_seed(runs, b, lr)[0].heldout < fox]
+    best, below = baseline_pick(runs), _below_fox(runs)
     rows.append(["1. FoX beats Mamba-2, HGRN2 and DeltaNet", ("inconclusive (one seed each); " +
                  (f"{', '.join(below)} below FoX (Pro)" if below else "all above FoX (Pro)")) if best else "not run"])
     rows.append(["2. Past the training length FoX's L(i) stays flat, the Transformer's with RoPE rises",
                  _beyond(claim2_runs(runs))])
     rows.append(["2. FoX's advantage grows with position inside the training length", _grows(runs)[1]])
-    for k, name in (("kv_shift", "KV-shift"), ("output_gate", "output gate"), ("output_norm", "output norm"),
-                    ("qk_norm", "QK-norm")):
-        lr = picks(runs).get("fox")
-        diffs = paired(by_seed(runs, f"fox_pro_released_no_{k}", lr), by_seed(runs, "fox_pro_released", lr))
-        v = verdict(paired_interval(diffs), +1) if len(diffs) > 1 else "inconclusive"
+    for name, diffs in removals(runs):
         rows.append([f"3. Removing {name} raises the loss",
-                     f"{v} ({len(diffs)} seed{'s' * (len(diffs) != 1)}, released definition)"])
+                     f"{_seeds_verdict(diffs, +1)} ({len(diffs)} seed{'s' * (len(diffs) != 1)}, released definition)"])
     pick = picks(runs)
     acp = paired({r.seed: r for r in primary(runs, "fox_pro_acp", "fox", pick)},
                  {r.seed: r for r in primary(runs, "fox_pro", "fox", pick)})

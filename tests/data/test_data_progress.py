@@ -1,7 +1,6 @@
 """Progress lines of the data jobs: a line at least every interval (a patched clock or interval, never wall time),
 the BPE training's start and end lines with its counts, and the lines of a whole corpus build."""
 
-import importlib.util
 import io
 import json
 import threading
@@ -15,6 +14,7 @@ from forgetting_transformer.data import writer
 from forgetting_transformer.data.prepare import prepare_corpus
 from forgetting_transformer.data.progress import ProgressLine, heartbeat, progress_every, size_text
 from forgetting_transformer.data.tokenizer import train_bpe
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -188,9 +188,7 @@ def test_prepare_corpus_quiet_without_progress(tmp_path, monkeypatch, capsys):
 
 
 def test_prepare_cli_bad_interval_is_a_clear_error(tmp_path, monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("prepare_corpus_cli", REPO / "scripts" / "prepare_corpus.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_script("prepare_corpus")
     (tmp_path / "a.txt").write_text("words " * 100)
     monkeypatch.setenv("FOX_PROGRESS_SECONDS", "soon")
     assert cli.main([str(tmp_path / "a.txt"), str(tmp_path / "a.txt"), "--out", str(tmp_path / "o")]) == 1
@@ -199,9 +197,7 @@ def test_prepare_cli_bad_interval_is_a_clear_error(tmp_path, monkeypatch, capsys
 
 
 def test_prepare_cli_prints_the_summary_once_on_stdout(tmp_path, monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("prepare_corpus_cli", REPO / "scripts" / "prepare_corpus.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_script("prepare_corpus")
     monkeypatch.setenv("FOX_PROGRESS_SECONDS", "0")
     for name, words in (("a.txt", "words and more words "), ("b.txt", "other words again ")):
         (tmp_path / name).write_text(words * 200)

@@ -1,7 +1,6 @@
 """Tests for the text -> LongCrawl64-format converter (tiny inputs in tmp_path)."""
 
 import gzip
-import importlib.util
 import sys
 import json
 import lzma
@@ -23,6 +22,7 @@ from forgetting_transformer.data.prepare import (
     strip_gutenberg_boilerplate,
     unigram_entropy,
 )
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = ("the of and to in a is that it was he for on are as with his they at be this from "
@@ -336,9 +336,7 @@ def test_embedded_corpus_quick(tmp_path):
 
 
 def test_cli(corpus, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("prepare_corpus_cli", REPO / "scripts" / "prepare_corpus.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_script("prepare_corpus")
     out = tmp_path / "cli"
     args = [str(p) for p in corpus["inputs"]] + ["--out", str(out), "--vocab-size", "300",
                                                   "--doc-len", "64", "--quiet"]

@@ -1,7 +1,6 @@
 """The text escape of a data dir (data.text_escape, LongCrawl64's ``json.dumps(text)[1:-1]``): the escape and
 unescape functions, the converter's --text-escape and meta.json record, the reader's check and the fingerprint."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from forgetting_transformer.config import TextEscape
 from forgetting_transformer.data import LongCrawl64Dataset, ensure_data, ensure_prepared, prepare_corpus, read_rows
 from forgetting_transformer.data.tokenizer import (TEXT_ESCAPES, escape_text, json_escape, json_unescape,
                                                    text_escape_name, tokenizer_fingerprint, unescape_text)
+from tests.script_modules import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,9 +119,7 @@ def test_json_build_tokenizes_the_escaped_text_and_records_the_mode(docs, tmp_pa
 
 
 def test_ensure_prepared_rebuilds_when_the_escape_changes_and_the_cli_flag_sets_it(docs, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("prepare_corpus_cli", REPO / "scripts" / "prepare_corpus.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = load_script("prepare_corpus")
     out = tmp_path / "d"
     ensure_prepared(out, inputs=docs, vocab_size=300, doc_len=32, heldout_docs=1, progress=False)
     assert json.loads((out / "meta.json").read_text())["text_escape"] == "none"

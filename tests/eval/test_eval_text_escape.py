@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from eval.common import (GenerationOptions, check_same_tokenizer, eos_and_pad, generate_batched, generate_texts,
                          load_model_and_tokenizer, model_text_escape, run_text_escape)
 from forgetting_transformer.data.tokenizer import json_escape, json_unescape
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 WORDS = ["the", "cat", "sat", '"quoted"', "a\nnew line", "tab\there", "back\\slash", "café", "漢字", "end."]
@@ -94,11 +95,7 @@ def test_lm_eval_requests_are_scored_on_the_escaped_ids(json_run):
 
 
 def export(run, out):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("export_hf", ROOT / "scripts" / "export_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("export_hf")
     return module.export(run, out)
 
 

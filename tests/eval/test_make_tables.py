@@ -1,16 +1,15 @@
 """scripts/make_tables.py: Tables 1-3 from fixture result files, compared with the exact expected Markdown / LaTeX."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from tests.script_modules import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("make_tables", ROOT / "scripts" / "make_tables.py")
-mt = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mt)
+mt = load_script("make_tables")
 
 TABLE1_TASKS = [("lambada_openai", "acc"), ("piqa", "acc"), ("hellaswag", "acc_norm"), ("winogrande", "acc"),
                 ("arc_easy", "acc"), ("arc_challenge", "acc_norm"), ("copa", "acc"), ("openbookqa", "acc_norm"),

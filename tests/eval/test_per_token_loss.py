@@ -14,6 +14,7 @@ import zarr
 from eval.common import load_run
 from eval.per_token_loss import plot, run
 from forgetting_transformer.data import read_rows
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,13 +107,9 @@ def test_length_beyond_the_rows_is_a_clear_error(runs, tmp_path):
 
 
 def test_hugging_face_export_gives_the_same_curve(tiny_text_run, tmp_path):
-    import importlib.util
-
     from omegaconf import OmegaConf
 
-    spec = importlib.util.spec_from_file_location("export_hf", ROOT / "scripts" / "export_hf.py")
-    export_hf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(export_hf)
+    export_hf = load_script("export_hf")
     hf_dir = export_hf.export(tiny_text_run, tmp_path / "hf")
     data_dir = OmegaConf.load(tiny_text_run / "config.yaml").data.data_dir
     a = run.evaluate_run(tiny_text_run, tmp_path / "a", rows=1, length=512, batch_size=1, device="cpu")

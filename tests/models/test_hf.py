@@ -1,7 +1,6 @@
 """Hugging Face integration: FoXConfig / FoXForCausalLM, save/load round trip, loss convention, export_hf.py."""
 
 import dataclasses
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from forgetting_transformer.config import DecoderConfig
 from forgetting_transformer.models import build_model
 from forgetting_transformer.hf import MODEL_DEFAULTS, MODEL_FIELDS, FoXConfig, FoXForCausalLM
 from forgetting_transformer.models.layers import decay_bias_init
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PRO = dict(qk_norm=True, output_gate=True, output_norm=True, kv_shift=True)
@@ -209,9 +209,7 @@ def export_cli(*args):
 
 
 def export_fn():
-    spec = importlib.util.spec_from_file_location("export_hf", ROOT / "scripts" / "export_hf.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("export_hf")
     return module.export
 
 

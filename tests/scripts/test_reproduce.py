@@ -3,7 +3,6 @@ skips what is done, the sweep picks the learning rates the later parts train at,
 reproduction tables regenerate from the result files alone."""
 
 import fnmatch
-import importlib.util
 import json
 import lzma
 import re
@@ -15,12 +14,10 @@ from pathlib import Path
 import pytest
 
 from forgetting_transformer.data.prepare import EMBEDDED_CORPUS, iter_documents
+from tests.script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
-rp = importlib.util.module_from_spec(spec)
-sys.modules["reproduce"] = rp  # its dataclasses look their module up
-spec.loader.exec_module(rp)
+rp = load_script("reproduce")
 
 TOY = ["model.n_layers=2", "model.d_model=64", "model.head_dim=32", "data.seq_len=128", "train.batch_size=4",
        "train.micro_batch_size=4", "train.log_every=2", "schedule.warmup_tokens=512", "schedule.total_tokens=4096",
