@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, ROW_BANDS, RunResult,
+from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, ROW_BANDS, RunResult, alone,
                                        band_cells, bands_of, baseline_pick, by_seed, claim2_runs, compared,
                                        display_name, fmt, interval_text,
                                        load_results, paired, paired_interval, picks, primary, row_band_diffs, table,
@@ -111,7 +111,7 @@ def baselines_table(runs: list[RunResult]) -> str:
         got = {r.lr: r for r in rs if r.label == label and r.seed == 0}
         cells = [("**" + fmt(got[lr].heldout) + "**" if lr == best.get(label) else fmt(got[lr].heldout))
                  if lr in got else "–" for lr in lrs]
-        speed = got[best[label]].tokens_per_s if label in best else None
+        speed = got[best[label]].tokens_per_s if label in best and alone(got[best[label]]) else None
         params = next((r.params for r in got.values() if r.params), None)
         rows.append([LABELS[label], f"{params:.1f}M" if params else "–", *cells,
                      f"{speed:,.0f}" if speed else "–"])
@@ -193,7 +193,7 @@ def claim4_table(runs: list[RunResult]) -> str:
     for seed in sorted(acp):
         a, d = acp[seed], dense.get(seed)
         rel = (a.heldout / d.heldout - 1) if d else None
-        speed = (a.tokens_per_s / d.tokens_per_s) if d and a.tokens_per_s and d.tokens_per_s else None
+        speed = (a.tokens_per_s / d.tokens_per_s) if d and alone(a) and alone(d) else None
         same = d is not None and a.device == d.device
         rows.append([str(seed), fmt(d.heldout if d else None), fmt(a.heldout),
                      f"{100 * rel:+.2f}%" if rel is not None else "–",
@@ -309,9 +309,10 @@ def path_table(runs: list[RunResult]) -> str:
 
 
 def runs_table(runs: list[RunResult]) -> str:
-    rows = [[r.name, r.part, fmt(r.heldout), f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "–", r.device,
-             r.versions] for r in runs]
-    return table(["run", "part", "held-out loss", "tokens/s", "device", "versions"], rows, "llrrll")
+    rows = [[r.name, r.part, fmt(r.heldout), f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "–", str(r.gpu_jobs),
+             r.device, r.versions] for r in runs]
+    return table(["run", "part", "held-out loss", "tokens/s", "runs on its GPU", "device", "versions"], rows,
+                 "llrrrll")
 
 
 def render_tables(out) -> dict[str, str]:

@@ -44,6 +44,12 @@ class RunResult:
     rows: list | None = None  # the held-out rows of L(i)
     row_bands: np.ndarray | None = None  # (rows, bands): each row's mean loss per band of ``band`` positions
     band: int | None = None
+    gpu_jobs: int = 1  # jobs its GPU ran at once: tokens/s compare between runs that had the GPU alone
+
+
+def alone(r: "RunResult") -> bool:
+    """Whether the run had its GPU to itself, so that its tokens/s compares with another's."""
+    return r.gpu_jobs == 1 and r.tokens_per_s is not None
 
 
 def _read_run(d: Path) -> RunResult | None:
@@ -57,7 +63,7 @@ def _read_run(d: Path) -> RunResult | None:
     heldout = float("inf") if (d / "failed.json").is_file() or not losses else float(losses[-1])
     res = RunResult(d.name, done["label"], done["seed"], done["lr"], done["part"], done["device"],
                     f"torch {done['torch']}, triton {done['triton']}", heldout,
-                    float(np.median(speeds)) if speeds else None, path=d)
+                    float(np.median(speeds)) if speeds else None, path=d, gpu_jobs=int(done.get("gpu_jobs", 1)))
     if (d / "per_token_loss.json").is_file():
         ptl = json.loads((d / "per_token_loss.json").read_text())
         res.loss_curve, res.rows = np.asarray(ptl["loss"]), ptl["rows"]

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, bands_of, baseline_pick,
+from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, alone, bands_of, baseline_pick,
                                        by_seed, claim2_runs, compared, display_name, llama_pick, paired,
                                        paired_interval, picks, primary,
                                        row_band_diffs, table, verdict)
@@ -133,8 +133,8 @@ def baselines(runs: list[RunResult]) -> str:
     speeds = []
     for b, lr in best.items():
         r = by_seed(runs, b, lr)[0]
-        same = [x.tokens_per_s for x in fox if x.device == r.device and x.tokens_per_s]
-        if same and r.tokens_per_s:
+        same = [x.tokens_per_s for x in fox if x.device == r.device and alone(x)]
+        if same and alone(r):
             speeds.append(f"{LABELS[b]} {r.tokens_per_s / np.mean(same):.2f}× on an {r.device}")
     if speeds:
         text += (f" Training speed against FoX (Pro) (the mean of its seeds on the same GPU model): "
@@ -273,7 +273,8 @@ def claim4(runs: list[RunResult]) -> str:
                  f"and {100 * traj[-1]['tile_fraction']:.0f}% at step {traj[-1]['step']}, on one held-out excerpt of "
                  "4,096 tokens: more than the around 70% of attention FLOPs the ACP paper reports at every size "
                  "(125M–760M) and context (4k–16k) it tested.")
-    same = [s for s in sorted(acp) if s in dense and acp[s].device == dense[s].device and acp[s].tokens_per_s]
+    same = [s for s in sorted(acp) if s in dense and acp[s].device == dense[s].device and alone(acp[s])
+            and alone(dense[s])]
     for s in same:
         ratio = acp[s].tokens_per_s / dense[s].tokens_per_s
         text += (f" Speed: at seed {s} both runs trained on an {acp[s].device}; the median tokens/s of their 10-step "
@@ -359,14 +360,16 @@ def speed(runs: list[RunResult]) -> str:
                           ("fox_llama", "transformer_llama", "LLaMA")):
         f, t = by_seed(runs, fox, lrs.get(fox)).values(), by_seed(runs, tf, lrs.get(tf)).values()
         for device in sorted({r.device for r in f} & {r.device for r in t}):
-            fs = [r.tokens_per_s for r in f if r.device == device and r.tokens_per_s]
-            ts = [r.tokens_per_s for r in t if r.device == device and r.tokens_per_s]
+            fs = [r.tokens_per_s for r in f if r.device == device and alone(r)]
+            ts = [r.tokens_per_s for r in t if r.device == device and alone(r)]
+            if not fs or not ts:
+                continue
             out.append(f"FoX ({name}) {np.mean(fs) / 1e3:.0f}k against Transformer ({name}) {np.mean(ts) / 1e3:.0f}k "
                        f"on an {device} ({np.mean(fs) / np.mean(ts):.2f}×, means over {len(fs)} and {len(ts)} runs)")
     if not out:
         return "Not run yet."
     return ("Tokens per second of the compiled 125M models at 4,096 tokens (median of each run's 10-step log windows "
-            f"after the first; the `runs` table): {'; '.join(out)}.")
+            f"after the first; the `runs` table; runs that shared their GPU left out): {'; '.join(out)}.")
 
 
 

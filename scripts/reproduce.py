@@ -362,6 +362,7 @@ class Job:
         self.log_path = args.work / f"{self.name}.log"  # beside the run dir, which holds train.py's run alone
         self.dest = args.out / "runs" / self.name
         self.status, self.ok, self.t0 = "queued", False, None
+        self.gpu_jobs = 1  # jobs its GPU runs at once (``--gpus 0,0``: 2); tokens/s compare only at 1
         self.paths = {str(args.data_dir): "$DATA", str(args.work): "$WORK", str(ROOT): "$REPO"}
 
     def _call(self, cmd: list[str], log) -> int:
@@ -395,7 +396,7 @@ class Job:
         record = {"run": self.name, "part": self.run.part, "label": self.run.label, "model": self.run.model,
                   "seed": self.run.seed, "lr": self.lr, "overrides": self.run.overrides,
                   "command": "python train.py " + " ".join(train_cmd[2:]),
-                  "wall_s": round(time.time() - self.t0, 1), **environment(self.gpu)}
+                  "wall_s": round(time.time() - self.t0, 1), "gpu_jobs": self.gpu_jobs, **environment(self.gpu)}
         if rc:
             tail = self.log_path.read_text(errors="replace")[-3000:]
             diverged = "FloatingPointError" in tail
@@ -438,6 +439,7 @@ def run_jobs(jobs: list[Job], gpus: list[str | None], every: float = 10.0) -> No
             while queue and free:
                 job = queue.pop(0)
                 job.gpu = free.pop(0)
+                job.gpu_jobs = gpus.count(job.gpu) if job.gpu is not None else 1
                 t = threading.Thread(target=job, daemon=True)
                 t.job = job
                 t.start()

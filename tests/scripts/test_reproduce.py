@@ -234,7 +234,23 @@ def test_a_gpu_id_given_twice_runs_two_jobs_on_that_gpu_at_once():
     jobs = [FakeJob("a"), FakeJob("b")]
     assert rp.visible_gpus("0,0") == ["0", "0"]
     rp.run_jobs(jobs, rp.visible_gpus("0,0"), every=0.5)
-    assert [(j.status, j.gpu) for j in jobs] == [("done", "0"), ("done", "0")]
+    assert [(j.status, j.gpu, j.gpu_jobs) for j in jobs] == [("done", "0", 2), ("done", "0", 2)]
+
+
+def test_speeds_compare_only_runs_that_had_their_gpu_alone():
+    from eval.reproduction_results import load_results
+    from eval.reproduction_verdicts import speed
+
+    runs = load_results(ROOT / "results" / "books")
+    pro = [r for r in runs if r.label == "fox_pro_released"]
+    assert len(pro) == 3 and all(r.gpu_jobs == 1 for r in pro)
+    assert "FoX (Pro) 373k against Transformer (Pro) 402k" in speed(runs)
+    for r in pro[1:]:
+        r.gpu_jobs = 3
+    one = speed(runs)
+    assert "means over 1 and 3 runs" in one and f"FoX (Pro) {pro[0].tokens_per_s / 1e3:.0f}k" in one
+    pro[0].gpu_jobs = 2
+    assert "FoX (Pro)" not in speed(runs) and "FoX (LLaMA)" in speed(runs)
 
 
 def test_a_corpus_without_its_files_is_an_error(tmp_path):
