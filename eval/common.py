@@ -364,7 +364,7 @@ def generate_batched(model, prompts: list[list[int]], max_new_tokens: int, optio
     (``_greedy_path``)."""
     from forgetting_transformer.inference import generate
     from forgetting_transformer.models.decoder import is_path
-    from forgetting_transformer.ops import use_options
+    from forgetting_transformer.ops.forgetting_attention import use_options
 
     lm = _decoder(model)
     eos = set(eos_token_id or ())

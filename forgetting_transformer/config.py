@@ -12,11 +12,14 @@ torch nor the models (``tests/training/test_config.py`` checks that the architec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass, field, make_dataclass
 from enum import StrEnum
 from typing import Any, List, Optional
 
 from omegaconf import MISSING
+
+from .ops.options import BACKENDS, KINDS, AttentionOptions
 
 
 class Fgate(StrEnum):
@@ -63,14 +66,6 @@ class SsdKernel(StrEnum):
     gla = "gla"
 
 
-class AttentionBackend(StrEnum):
-    """``model.attention.backend`` (null: the kernels for CUDA bf16/fp16 tensors, the PyTorch reference for the
-    rest)."""
-
-    triton = "triton"  # the Triton kernels on any device (on a CPU only under TRITON_INTERPRET=1)
-    reference = "reference"  # the PyTorch reference
-
-
 @dataclass
 class ModelConfig:
     """The keys every model reads. A model config extends ``DecoderConfig`` or ``FlaConfig``, never this."""
@@ -92,33 +87,34 @@ class ModelConfig:
     loss_chunk: int = 4096  # tokens per chunk of the LM head + cross-entropy (bounds fp32 logits memory)
 
 
-@dataclass
-class TileConfigs:
-    """``model.attention.triton_configs``: fixed launch tiles ``[block_m, block_n, num_warps, num_stages]`` (the last
-    two optional) of the Triton kernel named, instead of autotuning or the head dim's config; null: not fixed."""
+# ``model.attention``: the kernel options of the decoder's attention, derived from ``AttentionOptions`` (one source:
+# a new option there is a new key here). Every key defaults to null, which keeps the process default
+# (AttentionOptions' own, with the FOX_* environment variables' overrides, docs/kernel.md); training/run.py turns
+# the keys set into the options in force for the whole run. They choose kernels, not weights: a checkpoint loads and
+# runs under any of them.
+AttentionBackend = StrEnum("AttentionBackend", {b: b for b in BACKENDS if b is not None})
 
-    fwd: Optional[List[int]] = None
-    dq: Optional[List[int]] = None
-    dkdv: Optional[List[int]] = None
+# ``model.attention.triton_configs``: fixed launch tiles ``[block_m, block_n, num_warps, num_stages]`` (the last two
+# optional) of the Triton kernel named, instead of autotuning or the head dim's config; null: not fixed.
+TileConfigs = make_dataclass("TileConfigs", [(kind, Optional[List[int]], None) for kind in KINDS])
+TileConfigs.__module__ = __name__  # (make_dataclass names the module types; the configs pickle by this name)
 
 
-@dataclass
-class AttentionConfig:
-    """``model.attention``: the kernel options of the decoder's attention (forgetting_transformer.ops
-    ``AttentionOptions``, same names), in force for the whole run. They choose kernels, not weights: a checkpoint
-    loads and runs under any of them. null keeps the process default: AttentionOptions' own, with the
-    FOX_AUTOTUNE / FOX_GLUON / FOX_FUSED_BWD environment variables' overrides (docs/kernel.md).
-    training/run.py turns them into the options in force."""
+def _attention_key(f: dataclasses.Field) -> tuple:
+    """The schema key of the ``AttentionOptions`` field ``f``: (name, type, default), null by default."""
+    if f.name == "backend":
+        return f.name, Optional[AttentionBackend], None
+    if f.name == "triton_configs":
+        return f.name, TileConfigs, field(default_factory=TileConfigs)
+    if f.name == "acp_grid":
+        return f.name, Optional[List[int]], None
+    if f.type in (bool, "bool"):
+        return f.name, Optional[bool], None
+    raise TypeError(f"AttentionOptions.{f.name} ({f.type}) has no schema type in forgetting_transformer/config.py")
 
-    backend: Optional[AttentionBackend] = None
-    autotune: Optional[bool] = None  # autotune the Triton kernels on a GPU (false: one config per head dim)
-    gluon: Optional[bool] = None  # Hopper: the warp-specialised Gluon kernels where they apply
-    fused_backward: Optional[bool] = None  # Hopper, head dim 64: the one-kernel backward
-    # the bitwise-reproducible backward (the dq and dk/dv kernels). strategy.deterministic=true (every op
-    # deterministic) turns it on as well, so under it this may be null or true, not false
-    deterministic: Optional[bool] = None
-    triton_configs: TileConfigs = field(default_factory=TileConfigs)
-    acp_grid: Optional[List[int]] = None  # [GM, GN]: the grid of ACP's pruned region (null: the head dim's)
+
+AttentionConfig = make_dataclass("AttentionConfig", [_attention_key(f) for f in dataclasses.fields(AttentionOptions)])
+AttentionConfig.__module__ = __name__
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = "forgetting_transformer"
 # layer of each part of the package; an import may only point to a lower layer or within its own part
-LAYERS = {"ops": 0, "data": 0, "config": 0, "plotting": 0, "models": 1, "training": 2, "inference": 2, "hf": 3}
+LAYERS = {"ops": 0, "data": 0, "plotting": 0, "config": 1, "models": 1, "training": 2, "inference": 2, "hf": 3}
 # above the package (its root module, which imports nothing of it, at 4): the evaluations and tools, then the
 # scripts and train.py; nothing in the package imports these
 TOP = {"eval": 5, "benchmarks": 5, "hydra_plugins": 5, "scripts": 6, "train": 6}
@@ -117,3 +117,56 @@ def test_the_checks_catch_an_upward_arrow_and_a_circle():
     assert upward({"forgetting_transformer.training.b": {"forgetting_transformer.inference.c"},
                    "scripts.x": {"eval.y", "forgetting_transformer.hf"}}) == [
         "forgetting_transformer.training.b -> forgetting_transformer.inference.c"]
+
+
+# Inside ops: one package per op, each level importing only lower levels, and no op importing another (they share
+# only the launch cache and the options). A module missing here fails the test: place it.
+OP_LEVELS = [
+    ["launch_cache", "options"],
+    ["forgetting_attention.triton", "forgetting_attention.gluon",
+     "forgetting_attention.triton.kernels", "forgetting_attention.gluon.kernels", "decode.attention", "decode.write",
+     "path.reference"],
+    ["forgetting_attention.tiles", "forgetting_attention.acp", "decode", "path"],
+    ["forgetting_attention.reference", "forgetting_attention.triton.launch"],
+    ["forgetting_attention.gluon.launch"],
+    ["forgetting_attention.autograd"],
+    ["forgetting_attention"],
+    ["forgetting_attention.stages"],
+]
+OPS = PKG + ".ops"
+SHARED = ("launch_cache", "options")  # what every op may import
+
+
+def op_level(name: str) -> int:
+    short = name[len(OPS) + 1:]
+    return next(i for i, names in enumerate(OP_LEVELS) if short in names)
+
+
+def op_arrows(g: dict[str, set[str]]) -> list[str]:
+    """Arrows inside ops that do not point to a lower level, or that join two ops other than by the launch cache."""
+    bad = []
+    for a, targets in g.items():
+        for b in targets:
+            if not (a.startswith(OPS + ".") and b.startswith(OPS + ".")):
+                continue
+            op_a, op_b = (x[len(OPS) + 1:].split(".")[0] for x in (a, b))
+            if op_level(b) >= op_level(a) or (op_a != op_b and op_b not in SHARED):
+                bad.append(f"{a} -> {b}")
+    return sorted(bad)
+
+
+def test_every_ops_module_has_a_level():
+    placed = {f"{OPS}.{n}" for names in OP_LEVELS for n in names}
+    assert {n for n in modules() if n.startswith(OPS + ".")} == placed
+
+
+def test_each_op_imports_only_its_own_lower_levels():
+    assert op_arrows(graph()) == []
+
+
+def test_the_ops_check_catches_an_arrow_up_and_one_across_ops():
+    g = {f"{OPS}.forgetting_attention.tiles": {f"{OPS}.forgetting_attention.autograd"},
+         f"{OPS}.decode.attention": {f"{OPS}.forgetting_attention.acp", f"{OPS}.launch_cache"}}
+    assert op_arrows(g) == [f"{OPS}.decode.attention -> {OPS}.forgetting_attention.acp",
+                            f"{OPS}.forgetting_attention.tiles -> {OPS}.forgetting_attention.autograd"]
+

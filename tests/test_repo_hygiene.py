@@ -88,8 +88,10 @@ MAX_FUNCTION_LINES = 80  # from the ``def`` line to the last line, docstring inc
 # register lifetimes are read as a whole, so its length is exempt, and so is the file's. Their plain Python
 # functions are held to the limit like any other.
 KERNEL_FILES = {
-    "forgetting_transformer/ops/triton_kernels.py": "the Triton forward, backward and prefix-sum kernels",
-    "forgetting_transformer/ops/gluon_kernels.py": "the Gluon (Hopper) kernels and their warp-specialized partitions",
+    "forgetting_transformer/ops/forgetting_attention/triton/kernels.py":
+        "the Triton forward, backward and prefix-sum kernels",
+    "forgetting_transformer/ops/forgetting_attention/gluon/kernels.py":
+        "the Gluon (Hopper) kernels and their warp-specialized partitions",
 }
 
 

@@ -10,7 +10,7 @@
     probe            what the installed triton offers for a Hopper kernel (warp specialisation, TMA loads)
 
 ``common.py`` holds the shapes, inputs and timers they share; they reach the kernels through
-``forgetting_transformer.ops.launchers``. ``gpu_tests.sh`` runs the kernel's GPU tests and ``bench`` in one
-command; ``slim_triton.sh`` packs a triton wheel small enough to carry to another machine. docs/kernel.md
-describes each tool, docs/benchmarks.md what they measured.
+``forgetting_transformer.ops.forgetting_attention.stages``. ``gpu_tests.sh`` runs the kernel's GPU tests and
+``bench`` in one command; ``slim_triton.sh`` packs a triton wheel small enough to carry to another machine.
+docs/kernel.md describes each tool, docs/benchmarks.md what they measured.
 """

@@ -123,7 +123,7 @@ def bench_acp(shapes, profile_acp=False, rounds=3):
     the GPU's clocks (``breakdown spread``), which one timing of each would put into the ratio."""
     import triton
 
-    from forgetting_transformer.ops import launchers
+    from forgetting_transformer.ops.forgetting_attention import stages as launchers
 
     rows, prep_lines = [], []
     for sname in shapes:

@@ -19,7 +19,7 @@ its bound. spread: dense and ACP on N allocations of the inputs and the first ag
 runs, and whether it follows the addresses or how long the GPU has been busy). boundaries: eager against
 CUDA-graph time, and inside one graph replay the kernels' count, the sum of their times, their span and the gaps
 between them. host: host microseconds per eager call (backward on autograd's device thread and on the calling
-thread), then per host-side stage and kernel launch (``launchers.host_stages``), and with --functions N the N
+thread), then per host-side stage and kernel launch (``stages.host_stages``), and with --functions N the N
 Python functions with the most own time in S1's ACP fwd+bwd (cProfile). stalls: eager fwd+bwd calls as
 ``bench`` times them (L2 flushed before each), profiled: per kernel of a call, how long the GPU sat idle before it
 and when the host launched it, i.e. where an eager call waits for the host. backward: ACP's fwd+bwd with
@@ -65,7 +65,7 @@ def kernels(shapes):
     """Each Gluon kernel alone per head mix (CUDA graph, ms): dense, ACP, and dense over ACP."""
     import torch
 
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     print("| shape | mix | kernel | dense ms | ACP ms | dense / ACP |")
     print("| --- | --- | --- | ---: | ---: | ---: |")
@@ -95,7 +95,7 @@ def kernels(shapes):
 def tile_bound(lo, lf, T, bm, bn, grid):
     """Tiles of a (bm x bn) tiling of the causal (T x T) square, dense over those ACP's table ``lo`` (on ACP's
     ``grid``, (GM, GN)) leaves: the most that pruning can speed up a kernel with those tiles."""
-    from forgetting_transformer.ops import acp
+    from forgetting_transformer.ops.forgetting_attention import acp
 
     st = acp.tile_stats(lf, None, T, bm, bn, lo=acp.lo_for_tiling(lo, T, *grid, bm, bn))
     return ((st["computed"] + st["pruned"]).sum() / st["computed"].sum()).item()
@@ -103,7 +103,7 @@ def tile_bound(lo, lf, T, bm, bn, grid):
 
 def gluon_tiles(D):
     """Profiler kernel name -> (query rows, keys) of one tile of each Gluon kernel ACP prunes, at head dim D."""
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     return {L.GLUON_KERNELS[kind]: L.GLUON_CONFIGS[kind][D][:2] for kind in L.GLUON_CONFIGS
             if D in L.GLUON_CONFIGS[kind]}
@@ -114,7 +114,7 @@ def ceiling(shapes):
     dense call (its time from torch.profiler) sped up by its own tiles' bound, everything else in the dense call
     (prefix sums, set-up, d log f, dq rounding) unchanged, plus ACP's tables:
     dense / (sum kernel / bound + (dense - sum kernel) + tables). Also each kernel's ACP time against its bound."""
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     print("| shape | dense ms | ACP ms | ACP speedup | kernel: dense us -> ACP us (speedup / tile bound) | rest us | "
           "tables us | ceiling | share of the ceiling |")
@@ -284,7 +284,7 @@ def stalls(shapes, calls=20):
 def backward(shapes, rounds):
     """ACP fwd+bwd from a CUDA graph, backward by the one kernel or by the dq and dk/dv kernels, alternating; ms and
     the speedup over the dense fwd+bwd (one kernel) of each round."""
-    from forgetting_transformer.ops import use_options
+    from forgetting_transformer.ops.forgetting_attention import use_options
 
     for r in range(rounds):
         out = []
@@ -368,11 +368,11 @@ def host_functions(fn, inputs, do, top, n=200):
 
 def host_breakdown(calls, inputs, do, n=50, reps=5):
     """Inclusive host microseconds per eager call in each of the op's host-side stages and kernel launches
-    (``launchers.host_stages``), the backward on the calling thread, per call of ``calls`` (fwd, fwd+bwd): the
+    (``stages.host_stages``), the backward on the calling thread, per call of ``calls`` (fwd, fwd+bwd): the
     median over ``reps`` timings of ``n`` calls. Nested stages overlap, so the rows do not add up to the call."""
     import torch
 
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     q, k, v, lf = inputs
     with L.host_stages() as acc:
@@ -403,7 +403,7 @@ def ncu_launch(kernel, shape, acp, mix="mixed"):
     """Run one Gluon kernel twice (ncu profiles the second launch) at a benchmark shape."""
     import torch
 
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     B, T, H, D = SHAPES[shape]
     tables = None

@@ -96,7 +96,7 @@ def acp_inputs(B, T, H, D, local_heads, dtype=torch.bfloat16, device="cuda"):
 
 def dense_op():
     """The op, dense: ``fn(q, k, v, lf)``."""
-    from forgetting_transformer.ops import forgetting_attention
+    from forgetting_transformer.ops.forgetting_attention import forgetting_attention
 
     return forgetting_attention
 
@@ -104,7 +104,7 @@ def dense_op():
 def acp_op(w, **kwargs):
     """The op with ACP as the benchmark calls it: threshold "auto" (eps = e^-10) from the QK-norm weights ``w``
     that ``acp_inputs`` returns, plus ``kwargs`` (e.g. ``return_stats=True``); ``fn(q, k, v, lf)``."""
-    from forgetting_transformer.ops import forgetting_attention
+    from forgetting_transformer.ops.forgetting_attention import forgetting_attention
 
     return lambda q, k, v, lf: forgetting_attention(q, k, v, lf, adaptive_threshold="auto", qk_norm_weights=(w, w),
                                                     **kwargs)

@@ -17,7 +17,7 @@ much a kernel can keep in flight (docs/kernel.md). ``--sass DIR``: also write ea
 (``cuobjdump``) to DIR and print its instruction count and the sizes of its innermost loops that issue wgmma
 (one per inlined copy of a tile loop: how much code each consumer warpgroup runs per tile). ``--smem``: instead,
 every tile config of the Triton kernels' tables at every padded head dim, the shared memory the op estimates
-(``launchers.shared_memory``, by which it prunes configs) against what the compiler reports. Must run with
+(``stages.shared_memory``, by which it prunes configs) against what the compiler reports. Must run with
 TRITON_INTERPRET unset (``tests/ops/test_compile.py`` runs it in subprocesses). Exits 1 and names the failing
 kernel and constants when one does not compile or does not fit (``--smem``: when the bound is below the compiler's
 figure, or no config of a kernel fits at a head dim).
@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from forgetting_transformer.ops import launchers as L
+from forgetting_transformer.ops.forgetting_attention import stages as L
 
 F32, BF16, I32 = "*fp32", "*bf16", "*i32"
 POINTERS = dict(
@@ -145,7 +145,7 @@ def sass_loops(kernel, path):
 
 
 def compile_gluon(fn, consts, types, aligned, arch=90, consumers=2):
-    """A Gluon sm90 kernel as the op's launchers (``launchers.forward`` etc. with ``kernel="gluon"``) launch it:
+    """A Gluon sm90 kernel as the op's launchers (``stages.forward`` etc. with ``kernel="gluon"``) launch it:
     bf16 TMA descriptors with the default NVMMA shared layouts (``types``: argument -> type string),
     16-divisible ``aligned`` pointers and strides, 4 warps per partition, and the launch register limit that
     leaves room for the loader's warpgroup besides ``consumers`` consumer warpgroups."""
@@ -176,7 +176,7 @@ def _vec(block):
 
 
 def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
-    """The Gluon sm90 forward (``gluon_kernels.fox_fwd_sm90_kernel``), dense or with ACP."""
+    """The Gluon sm90 forward (``gluon.kernels.fox_fwd_sm90_kernel``), dense or with ACP."""
 
     types = dict(q_desc=_desc(block_m, head_dim), k_desc=_desc(block_n, head_dim),
                  v_desc=_desc(block_n, head_dim), ck_desc=_vec(block_n), LF=F32, PK=F32, O=BF16, LSE=F32,
@@ -188,7 +188,7 @@ def compile_gluon_fwd(head_dim, block_m, block_n, num_stages, consumers, has_acp
 
 
 def compile_gluon_dq(head_dim, block_m, block_n, num_stages, consumers, has_acp, arch=90):
-    """The Gluon sm90 dq backward (``gluon_kernels.fox_bwd_dq_sm90_kernel``), dense or with ACP."""
+    """The Gluon sm90 dq backward (``gluon.kernels.fox_bwd_dq_sm90_kernel``), dense or with ACP."""
 
     types = dict(q_desc=_desc(block_m, head_dim), do_desc=_desc(block_m, head_dim),
                  k_desc=_desc(block_n, head_dim), v_desc=_desc(block_n, head_dim), ck_desc=_vec(block_n), LF=F32,
@@ -200,7 +200,7 @@ def compile_gluon_dq(head_dim, block_m, block_n, num_stages, consumers, has_acp,
 
 
 def compile_gluon_bwd(head_dim, block_m, keys, num_stages, consumers, has_acp, arch=90):
-    """The Gluon sm90 dk/dv backward (``gluon_kernels.fox_bwd_dkdv_sm90_kernel``), dense or with ACP: ``consumers``
+    """The Gluon sm90 dk/dv backward (``gluon.kernels.fox_bwd_dkdv_sm90_kernel``), dense or with ACP: ``consumers``
     warpgroups of ``keys`` keys each."""
 
     vec = _vec(block_m)
@@ -213,7 +213,7 @@ def compile_gluon_bwd(head_dim, block_m, keys, num_stages, consumers, has_acp, a
 
 
 def compile_gluon_fused(head_dim, block_m, keys, num_stages, consumers, has_acp, arch=90, slots=None):
-    """The one-kernel Gluon sm90 backward (``gluon_kernels.fox_bwd_fused_sm90_kernel``), dense or with ACP: two
+    """The one-kernel Gluon sm90 backward (``gluon.kernels.fox_bwd_fused_sm90_kernel``), dense or with ACP: two
     consumer warpgroups of ``keys`` keys each, ``slots`` staging slots each (default: the op's config)."""
     from triton.experimental.gluon import language as gl
 
@@ -271,7 +271,7 @@ def _compiled_shared_case(case):
 
 
 def check_smem(archs, head_dims, jobs, near_limit=None):
-    """Compile every case of ``smem_cases`` (``jobs`` processes) and compare ``launchers.shared_memory``, the bound
+    """Compile every case of ``smem_cases`` (``jobs`` processes) and compare ``stages.shared_memory``, the bound
     the op prunes configs by, with the compiler's figure: one line per case, and a failure for an estimate below
     it or for a kernel at a head dim with no config that fits. ``near_limit`` (a fraction): compile only the cases
     whose estimate lies within that fraction of the architecture's limit, where the estimate decides between

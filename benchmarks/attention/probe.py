@@ -23,7 +23,7 @@ import os
 import triton
 import triton.language as tl
 
-from forgetting_transformer.ops import launchers as L
+from forgetting_transformer.ops.forgetting_attention import stages as L
 
 
 # the kernels' own helper: the row of PK for blocks of BLOCK positions, for one (b, h)

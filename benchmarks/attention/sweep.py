@@ -5,9 +5,9 @@
     python -m benchmarks.attention.sweep fused [--rounds 3]                      (Gluon, Hopper, head dim 64)
 
 ``triton``: the Triton forward, dq and dk/dv kernels alone under each config of ``TRITON_SWEEP`` (BLOCK_M,
-BLOCK_N, warps, stages; a superset of the autotuned lists, ``launchers.TRITON_AUTOTUNE_CONFIGS``), plus d log f and
+BLOCK_N, warps, stages; a superset of the autotuned lists, ``stages.TRITON_AUTOTUNE_CONFIGS``), plus d log f and
 the whole (autotuned) backward. ``fwd`` / ``dq`` / ``dkdv``: the Gluon kernel under each config of
-``GLUON_SWEEP`` (the layout of ``launchers.GLUON_CONFIGS``, whose entry is the op's pick) against the Triton
+``GLUON_SWEEP`` (the layout of ``stages.GLUON_CONFIGS``, whose entry is the op's pick) against the Triton
 kernel with its autotuned config: ms, TFLOP/s on the kernel's share of the FLOPs (forward 1x, dq 1.5x, dk/dv 2x
 the forward's), the speedup and ``d``, the largest relative L2 difference of the outputs from the Triton
 kernel's. ``fused``: the whole backward by the one-kernel Gluon backward per config (BLOCK_M, keys per
@@ -57,7 +57,7 @@ def rel(a, b):
 
 def sweep_triton(shapes):
     """Time each Triton kernel alone under each config in TRITON_SWEEP (one line per config)."""
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     for sname in shapes:
         B, T, H, D = SHAPES[sname]
@@ -88,7 +88,7 @@ def sweep_triton(shapes):
 
 def gluon_calls(kind, q, k, v, lf):
     """(Triton call, Gluon call for a config, FLOPs factor) of a Gluon kernel kind, each returning the outputs."""
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     T = q.shape[1]
     o, lse = L.forward(q, k, v, lf)
@@ -107,7 +107,7 @@ def gluon_calls(kind, q, k, v, lf):
 
 def sweep_gluon(kind, shapes):
     """One Gluon kernel per config against its Triton counterpart: ms, TFLOP/s, speedup and difference."""
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     print(f"{kind} kernel ms (median do_bench); the op's pick: {L.GLUON_CONFIGS[kind]}; {environment()}")
     for name in shapes:
@@ -133,8 +133,8 @@ def sweep_fused(rounds):
     """The one-kernel backward per config (with its set-up and d log f) against the dq and dk/dv kernels, the
     whole backward at head dim 64, alternating for ``rounds`` rounds (medians); d: the largest relative L2
     difference of dq, dk, dv and d log f from the two kernels'."""
-    from forgetting_transformer.ops import launchers as L
-    from forgetting_transformer.ops import use_options
+    from forgetting_transformer.ops.forgetting_attention import stages as L
+    from forgetting_transformer.ops.forgetting_attention import use_options
 
     configs = GLUON_SWEEP["fused"]
     print(f"whole backward ms (median of {rounds} alternating rounds of do_bench); the op's pick: "

@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from forgetting_transformer.ops import acp
-from forgetting_transformer.ops.reference import forgetting_attention_ref
+from forgetting_transformer.ops.forgetting_attention import acp
+from forgetting_transformer.ops.forgetting_attention.reference import forgetting_attention_ref
 
 
 def attention_modules(model) -> list:

@@ -34,7 +34,7 @@ import torch
 
 from eval.cli import positive_int
 from eval.gates import analysis
-from forgetting_transformer.ops import acp
+from forgetting_transformer.ops.forgetting_attention import acp
 
 WHAT = ("F", "A", "acp")
 

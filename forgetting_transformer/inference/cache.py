@@ -30,7 +30,7 @@ import math
 import torch
 
 from ..ops.decode import forgetting_attention_decode
-from ..ops.paged_write import paged_write
+from ..ops.decode import paged_write
 
 
 def cdiv(a: int, b: int) -> int:

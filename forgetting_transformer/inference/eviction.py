@@ -1,6 +1,6 @@
 """ACP eviction: drop from the KV cache, for good, the keys the forget gates have decayed below ACP's threshold.
 
-Training-time ACP (``ops/acp.py``) skips key j for query i when ``c_i - c_j < delta`` with
+Training-time ACP (``ops/forgetting_attention/acp.py``) skips key j for query i when ``c_i - c_j < delta`` with
 ``delta = -2U - log(Tk) + log(eps)`` and ``U >= max |q_i . k_j| * sm_scale``: every skipped weight is then below
 ``exp(2U + delta) = eps / Tk`` (the query's own key, with decay 0 and score >= -U, keeps the softmax denominator
 above ``exp(-U)``), so at most ``eps`` of the attention mass of a row is skipped.
@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from ..ops.acp import DEFAULT_EPS, check_qk_norm_weights
+from ..ops.forgetting_attention.acp import DEFAULT_EPS, check_qk_norm_weights
 
 
 def thresholds(model, max_len: int, eps: float = DEFAULT_EPS, threshold: float | None = None) -> torch.Tensor:
@@ -49,7 +49,7 @@ def thresholds(model, max_len: int, eps: float = DEFAULT_EPS, threshold: float |
     rows = []
     for a in attns:
         check_qk_norm_weights((a.q_norm.weight, a.k_norm.weight), n_heads, a.n_kv_heads, head_dim)
-        # The "auto" rule of ops.acp.acp_threshold with QK-norm weights, in float64, Tk = max_len
+        # The "auto" rule of ops.forgetting_attention.acp.acp_threshold with QK-norm weights, in float64, Tk = max_len
         qmax = a.q_norm.weight.detach().double().abs().amax(-1) * math.sqrt(head_dim)
         kmax = a.k_norm.weight.detach().double().abs().amax(-1) * math.sqrt(head_dim)
         U = qmax * kmax / math.sqrt(head_dim)

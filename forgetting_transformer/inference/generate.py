@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ops.acp import DEFAULT_EPS
+from ..ops.forgetting_attention.acp import DEFAULT_EPS
 from .cache import PagedKVCache, cdiv
 from .eviction import evict, sequence_thresholds
 from .prompts import batch_prompts

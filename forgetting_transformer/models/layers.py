@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ops import forgetting_attention
+from ..ops.forgetting_attention import forgetting_attention
 
 FGATE_TYPES = ("data_dependent", "data_independent", "fixed", "none")
 

@@ -1,7 +1,7 @@
 """PaTH attention and PaTH-FoX: a drop-in alternative to ``layers.Attention`` with the same switches.
 
 PaTH (Yang et al. 2025) encodes position by accumulating data-dependent Householder-like transforms
-``H_t = I - beta_t w_t w_t^T`` between each key and query (``ops/path_reference.py`` has the formulas); with a
+``H_t = I - beta_t w_t w_t^T`` between each key and query (``ops/path/reference.py`` has the formulas); with a
 forget gate it is PaTH-FoX, which adds FoX's decay bias ``c_i - c_j``. Per token and kv head the layer computes
 
 - ``w_t``: a low-rank projection of the layer input (``d_model -> w_rank -> Hkv * D``), a causal depthwise
@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ops import forgetting_attention
+from ..ops.forgetting_attention import forgetting_attention
 from ..ops.options import default_options, interpreting
-from ..ops.path_reference import path_attention_ref, path_transform_keys
+from ..ops.path import path_attention_ref, path_transform_keys
 from .fla_import import INSTALL_HINT, import_fla, quiet_fla
 from .layers import AttentionBase, compute_dtype, left_padding
 

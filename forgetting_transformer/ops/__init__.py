@@ -1,8 +1,8 @@
-"""Attention ops. Imports nothing from the rest of the package."""
+"""Attention ops, one package per op; imports nothing from the rest of the package.
 
-from .forgetting_attention import forgetting_attention
-from .options import AttentionOptions, TileConfig, default_options, set_default_options, use_options
-from .reference import forgetting_attention_ref
-
-__all__ = ["forgetting_attention", "forgetting_attention_ref", "AttentionOptions", "TileConfig", "default_options",
-           "set_default_options", "use_options"]
+    forgetting_attention/   the training op: ``forgetting_attention`` and its options, kernels, ACP and reference
+    decode/                 decoding over a paged KV cache: the few-query op and the cache writer
+    path/                   PaTH attention's PyTorch reference
+    options.py              ``AttentionOptions``: the kernel choices, one typed object (no torch import)
+    launch_cache.py         the cached kernel launch that every op's launchers share
+"""

@@ -1,6 +1,7 @@
 """How the op picks its kernels: one options object, passed per call or set as the default.
 
-    from forgetting_transformer.ops import AttentionOptions, forgetting_attention, set_default_options, use_options
+    from forgetting_transformer.ops.forgetting_attention import (AttentionOptions, forgetting_attention,
+                                                                 set_default_options, use_options)
 
     o = forgetting_attention(q, k, v, log_f, options=AttentionOptions(autotune=False))   # one call
     set_default_options(AttentionOptions(fused_backward=False))                           # the process

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from ..config import ConfigError, check_known_keys, unknown_key_error, validate
-from ..ops import AttentionOptions, default_options, use_options
+from ..ops.forgetting_attention import AttentionOptions, default_options, use_options
 from .changes import check_resume, stored_config
 from .checkpoint import CheckpointError
 from .distributed import DistInfo, broadcast_from_main, init_distributed, shutdown

@@ -142,7 +142,7 @@ def test_ab_times_each_sides_own_package(tmp_path):
     slow = tmp_path / "slow"
     shutil.copytree(ROOT / "forgetting_transformer", slow / "forgetting_transformer",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    init = slow / "forgetting_transformer" / "ops" / "__init__.py"
+    init = slow / "forgetting_transformer" / "ops" / "forgetting_attention" / "__init__.py"
     init.write_text(init.read_text() + "\n\nimport functools as _ft\nimport time as _time\n\n"
                     "_fa = forgetting_attention\n\n\n"
                     "@_ft.wraps(_fa)\ndef forgetting_attention(*a, **kw):\n    _time.sleep(0.25)\n"
@@ -213,7 +213,7 @@ def test_tile_bound():
     threshold; two blocks back it is -84.5), so 16 query blocks keep 1 + 15 x 2 of their 136 causal tiles; with
     128-key tiles each 64-row block keeps the 128-key blocks that hold those; a global head keeps everything."""
     from benchmarks.attention.breakdown import tile_bound
-    from forgetting_transformer.ops import acp
+    from forgetting_transformer.ops.forgetting_attention import acp
 
     T, GM, GN = 1024, 64, 64
     lf = torch.full((1, T, 2), -1e-4)
@@ -275,7 +275,7 @@ def test_the_triton_sweep_covers_the_autotuned_configs():
     import dataclasses
 
     from benchmarks.attention.sweep import TRITON_SWEEP
-    from forgetting_transformer.ops import launchers as L
+    from forgetting_transformer.ops.forgetting_attention import stages as L
 
     for kind, configs in L.TRITON_AUTOTUNE_CONFIGS.items():
         assert {dataclasses.astuple(c) for c in configs} <= set(TRITON_SWEEP[kind]), kind

@@ -389,7 +389,7 @@ def test_compile_step_and_autotune_flags_reach_generate(monkeypatch, argv, want)
 
     import forgetting_transformer.inference as inference
     from eval.cli import add_generation_args
-    from forgetting_transformer.ops import default_options
+    from forgetting_transformer.ops.forgetting_attention import default_options
 
     parser = argparse.ArgumentParser()
     add_generation_args(parser)

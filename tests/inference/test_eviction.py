@@ -13,7 +13,7 @@ from test_decode_kernel import dense_attention
 from forgetting_transformer.inference import PagedKVCache, evict, generate, thresholds
 from forgetting_transformer.inference.eviction import sequence_thresholds
 from forgetting_transformer.inference.cache import DecodeLayer
-from forgetting_transformer.ops.acp import acp_threshold
+from forgetting_transformer.ops.forgetting_attention.acp import acp_threshold
 from forgetting_transformer.ops.decode import forgetting_attention_decode
 
 

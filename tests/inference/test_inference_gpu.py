@@ -13,7 +13,7 @@ from inference_models import LOCAL, VARIANTS, tiny
 from test_decode_kernel import paged
 from forgetting_transformer.inference import generate
 from forgetting_transformer.ops.decode import forgetting_attention_decode, forgetting_attention_decode_ref
-from forgetting_transformer.ops.paged_write import paged_write, paged_write_ref
+from forgetting_transformer.ops.decode import paged_write, paged_write_ref
 
 pytestmark = [
     pytest.mark.gpu,

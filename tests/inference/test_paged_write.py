@@ -5,7 +5,7 @@ pool slot must stay as it was."""
 import pytest
 import torch
 
-from forgetting_transformer.ops.paged_write import paged_write
+from forgetting_transformer.ops.decode import paged_write
 
 
 def setup(B, T, Hkv, G, D, BS, lengths, gated, seed=0):

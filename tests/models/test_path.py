@@ -1,4 +1,4 @@
-"""PaTH attention: the plain-PyTorch reference (ops/path_reference.py) against the definition written out with
+"""PaTH attention: the plain-PyTorch reference (ops/path/reference.py) against the definition written out with
 explicit D x D matrices, its gradients, its reduction to FoX / softmax attention at beta = 0; the layer
 (models/path.py) against a hand computation, against FoX's Attention at beta = 0, decoding with a cache against the
 full forward; fla's kernel against the reference.
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from forgetting_transformer.models import path as path_module
 from forgetting_transformer.models.layers import Attention, LayerCache
 from forgetting_transformer.models.path import PathAttention, PathCache
-from forgetting_transformer.ops.path_reference import path_attention_ref, path_transform_keys
-from forgetting_transformer.ops.reference import forgetting_attention_ref
+from forgetting_transformer.ops.path import path_attention_ref, path_transform_keys
+from forgetting_transformer.ops.forgetting_attention.reference import forgetting_attention_ref
 
 PRO = dict(qk_norm=True, output_gate=True, output_norm=True, kv_shift=True)
 

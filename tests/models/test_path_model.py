@@ -151,7 +151,7 @@ def test_the_attention_options_backend_reaches_the_path_layer(monkeypatch):
     # model.attention.backend (the options in force for a run) picks PaTH's backend too; on a CPU without the
     # Triton interpreter the kernel is refused, which shows the option arrived
     from forgetting_transformer.models import path as path_module
-    from forgetting_transformer.ops import use_options
+    from forgetting_transformer.ops.forgetting_attention import use_options
 
     monkeypatch.setattr(path_module, "interpreting", lambda: False)
     model, x = tiny(mixer="path", **PRO), torch.randint(0, VOCAB, (1, 6))

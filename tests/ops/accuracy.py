@@ -66,3 +66,12 @@ def rounding_model(q, k, v, lf, do, sm_scale=None):
     dc = (ds.sum(-1) - ds.sum(-2)).double()
     dlf = dc.flip(-1).cumsum(-1).flip(-1).float().transpose(1, 2)
     return o, dq, dk, dv, dlf
+
+
+def on(backend: str):
+    """The options in force (``use_options`` blocks included) with ``backend`` set: ``"triton"`` for the kernels,
+    ``"reference"`` for the PyTorch reference."""
+    from forgetting_transformer.ops.forgetting_attention import default_options
+
+    return default_options().replace(backend=backend)
+

@@ -34,7 +34,7 @@ def poison(monkeypatch):
 @pytest.fixture
 def big_tiles():
     """Larger interpreter tiles (fewer programs) for the longer sequences."""
-    from forgetting_transformer.ops import use_options
+    from forgetting_transformer.ops.forgetting_attention import use_options
 
     with use_options(triton_configs={"fwd": (64, 32, 4, 1), "dq": (32, 64, 4, 1), "dkdv": (32, 64, 4, 1)}) as o:
         yield o

@@ -1,17 +1,18 @@
 """Inputs and checks shared by the GPU tests of the kernels (bf16 / fp16 against float64, ``accuracy.py``'s
 bounds)."""
 
-import importlib
 import math
 
 import torch
 import torch.nn.functional as F
 
 from accuracy import TOL, assert_within, errors, rel
-from forgetting_transformer.ops import default_options, forgetting_attention, forgetting_attention_ref
+from forgetting_transformer.ops.forgetting_attention import autograd as AG
+from forgetting_transformer.ops.forgetting_attention import (default_options, forgetting_attention,
+                                                             forgetting_attention_ref)
 from oracles import acp_masked_ref
 
-FA = importlib.import_module("forgetting_transformer.ops.forgetting_attention")  # the module, not the op
+
 
 
 def make(B, Tq, Tk, H, Hkv, D, dtype=torch.bfloat16, gate_bias=2.0, seed=0):
@@ -64,11 +65,11 @@ def check_against_eager(got, inputs, do, acp):
     """``got`` (o, dq, dk, dv, dlf) of a graphed call: o, dk and dv bitwise those of an eager call on the same
     inputs (so the tables were formed from them; both are deterministic); dq and d log f, whose reduce-adds vary
     in order between runs, as close to float64 attention with ACP's pruned tiles masked as the eager call's."""
-    from forgetting_transformer.ops import acp as _acp
+    from forgetting_transformer.ops.forgetting_attention import acp as _acp
 
     q, k, v, lf = inputs
     D = q.shape[-1]
-    delta = FA.acp_tables_for(q, k, lf, D ** -0.5, "auto", _acp.DEFAULT_EPS, acp["qk_norm_weights"],
+    delta = AG.acp_tables_for(q, k, lf, D ** -0.5, "auto", _acp.DEFAULT_EPS, acp["qk_norm_weights"],
                               default_options())[2]
     GM, GN = _acp.grid(D)
     eager = grads(forgetting_attention, inputs, do, **acp)

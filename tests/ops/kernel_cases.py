@@ -3,7 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from forgetting_transformer.ops import forgetting_attention, forgetting_attention_ref
+from accuracy import on
+from forgetting_transformer.ops.forgetting_attention import forgetting_attention, forgetting_attention_ref
 
 # fp32 kernel vs float64 reference: rounding of fp32 arithmetic (observed 1e-7 .. 2e-6).
 RTOL = 2e-5
@@ -35,7 +36,7 @@ def run_grads(fn, inputs, do, **kw):
 
 def check(q, k, v, lf, rtol=RTOL, **kw):
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(7))
-    ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", **kw)
+    ours = run_grads(forgetting_attention, (q, k, v, lf), do, options=on("triton"), **kw)
     ref = run_grads(forgetting_attention_ref, [t.double() for t in (q, k, v, lf)], do.double(), **kw)
     errs = {}
     for name, a, r in zip(NAMES, ours, ref):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from accuracy import NAMES, TOL, TOL_FEW_KEYS, assert_within, errors, rounding_model
-from forgetting_transformer.ops import forgetting_attention_ref
+from forgetting_transformer.ops.forgetting_attention import forgetting_attention_ref
 
 ROOM = {"o": 1.2, "dq": 1.5, "dk": 1.5, "dv": 1.5, "dlf": 1.5}  # bound / the model's error, at least
 

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from accuracy import TOL, TOL_FEW_KEYS, rel
-from forgetting_transformer.ops import acp as _acp
-from forgetting_transformer.ops import default_options, forgetting_attention_ref, use_options
-from forgetting_transformer.ops import gluon_launch as GL
-from forgetting_transformer.ops import triton_launch as TL
+from forgetting_transformer.ops.forgetting_attention import acp as _acp
+from forgetting_transformer.ops.forgetting_attention import default_options, forgetting_attention_ref, use_options
+from forgetting_transformer.ops.forgetting_attention.gluon import launch as GL
+from forgetting_transformer.ops.forgetting_attention.triton import launch as TL
 from gpu_cases import check, grads, make
 from oracles import acp_masked_ref
 
@@ -40,7 +40,7 @@ def _hopper():
     (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 64, 3, 2)),
 ])
 def test_gluon_forward(B, Tq, Tk, H, Hkv, D, dtype, config):
-    """The warp-specialised Gluon forward (``gluon_launch.fwd_sm90``): o within the bf16 bound of the float64 reference
+    """The warp-specialised Gluon forward (``gluon.launch.fwd_sm90``): o within the bf16 bound of the float64 reference
     and as close to it as the Triton forward, and the same log-sum-exp as the Triton forward (the backward reads it)."""
     q, k, v, lf = make(B, Tq, Tk, H, Hkv, D, dtype)
     sm = D ** -0.5
@@ -65,7 +65,7 @@ def test_gluon_forward(B, Tq, Tk, H, Hkv, D, dtype, config):
     (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 64, 3, 2)),
 ])
 def test_gluon_dkdv(B, Tq, Tk, H, Hkv, D, dtype, config):
-    """The warp-specialised Gluon dk/dv kernel (``gluon_launch.bwd_dkdv_sm90``): dk, dv and d log f (from its column
+    """The warp-specialised Gluon dk/dv kernel (``gluon.launch.bwd_dkdv_sm90``): dk, dv and d log f (from its column
     sums) within the bounds of float64 autograd and as close to it as the Triton dk/dv kernel."""
     q, k, v, lf = make(B, Tq, Tk, H, Hkv, D, dtype)
     sm = D ** -0.5
@@ -97,7 +97,7 @@ def test_gluon_dkdv(B, Tq, Tk, H, Hkv, D, dtype, config):
     (1, 4096, 4096, 2, 2, 128, torch.bfloat16, (64, 128, 2, 2)),
 ])
 def test_gluon_dq(B, Tq, Tk, H, Hkv, D, dtype, config):
-    """The warp-specialised Gluon dq kernel (``gluon_launch.bwd_dq_sm90``): dq and d log f (from its row sums) within
+    """The warp-specialised Gluon dq kernel (``gluon.launch.bwd_dq_sm90``): dq and d log f (from its row sums) within
     the bounds of float64 autograd and as close to it as the Triton dq kernel, and the same delta as that kernel (the
     dk/dv kernel reads it)."""
     q, k, v, lf = make(B, Tq, Tk, H, Hkv, D, dtype)
@@ -191,7 +191,7 @@ def test_gluon_acp(B, Tq, Tk, H, Hkv, D, grid):
     (1, 4096, 4096, 4, 1, torch.bfloat16),   # MQA: four heads' tiles through one program
 ])
 def test_gluon_fused_bwd(B, Tq, Tk, H, Hkv, dtype):
-    """The one-kernel Gluon backward (``gluon_launch.bwd_fused_sm90``, head dim 64): dq, dk, dv and d log f against
+    """The one-kernel Gluon backward (``gluon.launch.bwd_fused_sm90``, head dim 64): dq, dk, dv and d log f against
     float64 autograd within the ``TOL`` bounds, as close to it as the Triton dq and dk/dv kernels for dq, dk and dv, and
     within 1.5x of them for d log f: its row and column sums of dS are both taken of the 16-bit dS that the dq and dk
     products use (1.2-1.35x the two kernels' error, which sum the fp32 dS)."""

@@ -1,6 +1,6 @@
 """CPU tests of the Triton Forgetting Attention kernels, run under ``TRITON_INTERPRET=1`` in float32.
 
-The kernels (``backend="triton"``) are checked against the float64 reference for the output and all four
+The kernels (``options=on("triton")``) are checked against the float64 reference for the output and all four
 gradients (q, k, v, log f), with every output buffer the op allocates poisoned with NaN first.
 """
 
@@ -11,13 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from forgetting_transformer.ops import forgetting_attention, forgetting_attention_ref
-from forgetting_transformer.ops import dispatch as DP
-from forgetting_transformer.ops import gluon_launch as GL
-from forgetting_transformer.ops import triton_launch as TL
-from forgetting_transformer.ops.acp import grid as acp_grid
+from accuracy import on
+from forgetting_transformer.ops.forgetting_attention import (AttentionOptions, forgetting_attention,
+                                                             forgetting_attention_ref)
+from forgetting_transformer.ops.forgetting_attention import autograd as DP
+from forgetting_transformer.ops.forgetting_attention.gluon import launch as GL
+from forgetting_transformer.ops.forgetting_attention.triton import launch as TL
+from forgetting_transformer.ops.forgetting_attention.acp import grid as acp_grid
 from forgetting_transformer.ops.options import default_options
-from forgetting_transformer.ops.reference import forgetting_attention_naive
+from forgetting_transformer.ops.forgetting_attention.reference import forgetting_attention_naive
 from kernel_cases import RTOL, check, make, rel, run_grads
 
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
@@ -55,7 +57,7 @@ def test_mqa_and_sm_scale():
 
 def test_against_naive_definition():
     q, k, v, lf = make(1, 20, 29, 2, 1, 16)
-    o = forgetting_attention(q, k, v, lf, backend="triton")
+    o = forgetting_attention(q, k, v, lf, options=on("triton"))
     o_naive = forgetting_attention_naive(*(t.double() for t in (q, k, v, lf)))
     assert rel(o, o_naive) <= RTOL
 
@@ -89,7 +91,7 @@ def test_gate_minus_20():
     q, k, v, lf = make(1, 64, 64, 2, 2, 16, lf=-20.0)
     do = torch.randn_like(q)
     for kw, bounds in ((dict(sm_scale=2.5), few_keys), ({}, {"o": RTOL, "dv": RTOL})):
-        ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", **kw)
+        ours = run_grads(forgetting_attention, (q, k, v, lf), do, options=on("triton"), **kw)
         ref = run_grads(forgetting_attention_ref, [t.double() for t in (q, k, v, lf)], do.double(), **kw)
         for name, a, r in zip(("o", "dq", "dk", "dv", "dlogf"), ours, ref):
             assert torch.isfinite(a).all(), name
@@ -102,7 +104,7 @@ def test_long_sequence_gates_near_one(big_tiles):
     q, k, v, _ = make(1, 512, 512, 1, 1, 16)
     lf = -torch.rand(1, 512, 1) * 1e-4 - 2.0 * (torch.arange(512) % 2 == 0).float()[None, :, None]
     with torch.no_grad():
-        o = forgetting_attention(q, k, v, lf, backend="triton")
+        o = forgetting_attention(q, k, v, lf, options=on("triton"))
     ref = forgetting_attention_ref(*(t.double() for t in (q, k, v, lf)))
     assert rel(o, ref) <= RTOL
 
@@ -182,19 +184,20 @@ def test_default_dispatch_cpu_is_reference():
     q, k, v, lf = make(1, 10, 10, 2, 2, 16)
     assert torch.equal(forgetting_attention(q, k, v, lf), forgetting_attention_ref(q, k, v, lf))
     with pytest.raises(ValueError, match="backend"):
-        forgetting_attention(q, k, v, lf, backend="cuda-magic")
+        forgetting_attention(q, k, v, lf, options=AttentionOptions(backend="cuda-magic"))
 
 
 def test_bad_inputs_clear_errors():
     q, k, v, lf = make(1, 8, 8, 2, 2, 16)
     with pytest.raises(ValueError, match="head dim D=300"):
-        forgetting_attention(*make(1, 8, 8, 1, 1, 300), backend="triton")
+        forgetting_attention(*make(1, 8, 8, 1, 1, 300), options=on("triton"))
     with pytest.raises(ValueError, match="dtype"):
-        forgetting_attention(q.double(), k.double(), v.double(), lf, backend="triton")
+        forgetting_attention(q.double(), k.double(), v.double(), lf, options=on("triton"))
     with pytest.raises(ValueError, match="log_fgate"):
-        forgetting_attention(q, k, v, lf.half(), backend="triton")
+        forgetting_attention(q, k, v, lf.half(), options=on("triton"))
     with pytest.raises(ValueError, match="kv heads"):
-        forgetting_attention(q, k[:, :, :1].expand(1, 8, 3, 16), v[:, :, :1].expand(1, 8, 3, 16), lf, backend="triton")
+        forgetting_attention(q, k[:, :, :1].expand(1, 8, 3, 16), v[:, :, :1].expand(1, 8, 3, 16), lf,
+                             options=on("triton"))
 
 
 def test_non_contiguous_inputs():
@@ -225,7 +228,7 @@ def test_torch_compile_no_graph_break(acp):
     q, k, v, lf = make(1, 16, 16, 2, 2, 16)
 
     def f(q, k, v, lf):
-        return forgetting_attention(q * 2.0, k, v, lf, backend="triton", **acp).square().sum()
+        return forgetting_attention(q * 2.0, k, v, lf, options=on("triton"), **acp).square().sum()
 
     xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
     torch.compile(f, backend="aot_eager", fullgraph=True)(*xs).backward()
@@ -242,13 +245,13 @@ def test_calls_without_gradients_skip_autograd_and_compute_the_same(monkeypatch)
     q, k, v, lf = make(1, 40, 40, 2, 2, 16)
     for acp in ({}, {"adaptive_threshold": "auto"}):
         xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
-        o = forgetting_attention(*xs, backend="triton", **acp)
+        o = forgetting_attention(*xs, options=on("triton"), **acp)
         assert type(o.grad_fn).__name__ == "FoxEagerBackward", o.grad_fn
         with monkeypatch.context() as m:
             m.setattr(DP.FoxEager, "apply", lambda *a: pytest.fail("FoxEager entered without gradients"))
             with torch.no_grad():
-                o_nograd = forgetting_attention(*xs, backend="triton", **acp)
-            o_plain = forgetting_attention(q, k, v, lf, backend="triton", **acp)
+                o_nograd = forgetting_attention(*xs, options=on("triton"), **acp)
+            o_plain = forgetting_attention(q, k, v, lf, options=on("triton"), **acp)
         for got in (o_nograd, o_plain):
             assert got.grad_fn is None and not got.requires_grad
             assert torch.equal(got, o.detach())
@@ -272,7 +275,7 @@ def test_compiled_graphs_hold_the_custom_ops():
 
     q, k, v, lf = make(1, 16, 16, 2, 2, 16)
     xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
-    f = torch.compile(lambda *x: forgetting_attention(*x, backend="triton", adaptive_threshold="auto").sum(),
+    f = torch.compile(lambda *x: forgetting_attention(*x, options=on("triton"), adaptive_threshold="auto").sum(),
                       backend=backend, fullgraph=True)
     f(*xs).backward()
     assert "fox_acp_tables" in graphs["fwd"] and "fox_fwd" in graphs["fwd"], graphs["fwd"]

@@ -2,7 +2,6 @@
 the pruned region against a float64 masked oracle, the table kernels against ``torch.searchsorted``, the
 threshold against ``acp.acp_threshold``, and ``return_stats``."""
 
-import importlib
 import math
 import os
 
@@ -10,11 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from forgetting_transformer.ops import acp as _acp
-from forgetting_transformer.ops import dispatch as DP
-from forgetting_transformer.ops import forgetting_attention, forgetting_attention_ref, tiles, use_options
-from forgetting_transformer.ops import gluon_launch as GL
-from forgetting_transformer.ops import triton_launch as TL
+from accuracy import on
+from forgetting_transformer.ops.forgetting_attention import autograd as AG
+from forgetting_transformer.ops.forgetting_attention import acp as _acp
+from forgetting_transformer.ops.forgetting_attention import autograd as DP
+from forgetting_transformer.ops.forgetting_attention import (forgetting_attention, forgetting_attention_ref, tiles,
+                                                             use_options)
+from forgetting_transformer.ops.forgetting_attention.gluon import launch as GL
+from forgetting_transformer.ops.forgetting_attention.triton import launch as TL
 from forgetting_transformer.ops.options import default_options
 from kernel_cases import RTOL, acp_inputs, make, rel, run_grads
 from oracles import acp_masked_ref
@@ -24,7 +26,7 @@ if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
 
 pytestmark = pytest.mark.usefixtures("poison")
 
-FA = importlib.import_module("forgetting_transformer.ops.forgetting_attention")  # the module, not the op
+
 
 
 def test_acp_prunes_exactly_the_tile_mask():
@@ -32,16 +34,16 @@ def test_acp_prunes_exactly_the_tile_mask():
     q, k, v, lf = acp_inputs()
     delta = torch.tensor([[-3.0, -6.0, -3.0, -6.0]])
     do = torch.randn_like(q)
-    ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", adaptive_threshold=delta)
+    ours = run_grads(forgetting_attention, (q, k, v, lf), do, options=on("triton"), adaptive_threshold=delta)
     GM, GN = _acp.grid(16)
     ref = run_grads(lambda *x: acp_masked_ref(*x, delta.double(), GM, GN), [t.double() for t in (q, k, v, lf)],
                     do.double())
     for name, a, r in zip(("o", "dq", "dk", "dv", "dlogf"), ours, ref):
         assert torch.isfinite(a).all(), name
         assert rel(a, r, floor=ref[3].norm().item()) <= RTOL, name
-    _, stats = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=delta, return_stats=True)
+    _, stats = forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold=delta, return_stats=True)
     assert (stats["pruned"][0, :2] > 0).all() and (stats["pruned"][0, 2:] == 0).all()
-    dense = forgetting_attention(q, k, v, lf, backend="triton", return_stats=True)[1]
+    dense = forgetting_attention(q, k, v, lf, options=on("triton"), return_stats=True)[1]
     assert torch.equal(stats["computed"] + stats["pruned"], dense["computed"]) and (dense["pruned"] == 0).all()
 
 
@@ -68,7 +70,7 @@ def test_return_stats_counts_the_tiles_of_the_forward_that_runs(monkeypatch):
     pruned = (c[:, m0, None] - c[:, None, e] < delta[0, :, None, None]) & ((i // GN)[None] < (m0 // GN)[:, None])
     for bm, bn in ((cfg.block_m, cfg.block_n), (GM, 2 * GN)):
         monkeypatch.setattr(DP, "fwd_tiles", lambda *a, t=(bm, bn): t)
-        _, stats = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=delta, return_stats=True)
+        _, stats = forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold=delta, return_stats=True)
         want_pruned, want_total = torch.zeros(4, dtype=torch.long), 0
         for r in range(0, T, bm):
             for n in range(0, min(r + bm, T), bn):  # causal tiles: key blocks up to the diagonal
@@ -84,8 +86,8 @@ def test_acp_reference_path_prunes_what_the_kernel_prunes():
     q, k, v, lf = acp_inputs(80)
     delta = torch.tensor([[-3.0, -6.0, -3.0, -6.0]])
     do = torch.randn_like(q)
-    ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", adaptive_threshold=delta)
-    ref = run_grads(forgetting_attention, [t.double() for t in (q, k, v, lf)], do.double(), backend="reference",
+    ours = run_grads(forgetting_attention, (q, k, v, lf), do, options=on("triton"), adaptive_threshold=delta)
+    ref = run_grads(forgetting_attention, [t.double() for t in (q, k, v, lf)], do.double(), options=on("reference"),
                     adaptive_threshold=delta)
     for name, a, r in zip(("o", "dq", "dk", "dv", "dlogf"), ours, ref):
         assert rel(a, r, floor=ref[3].norm().item()) <= RTOL, name
@@ -101,7 +103,7 @@ def test_acp_region_independent_of_tiling(big_tiles):
     delta = torch.tensor([[-2.0, -9.0, -3.0, -0.5]])
     do = torch.randn_like(q)
     with use_options(acp_grid=(16, 16)):
-        ours = run_grads(forgetting_attention, (q, k, v, lf), do, backend="triton", adaptive_threshold=delta,
+        ours = run_grads(forgetting_attention, (q, k, v, lf), do, options=on("triton"), adaptive_threshold=delta,
                          seq_start=seq_start)
     ref = run_grads(lambda *x: acp_masked_ref(*x, delta.double(), 16, 16, seq_start=seq_start),
                     [t.double() for t in (q, k, v, lf)], do.double())
@@ -117,7 +119,7 @@ def test_acp_positive_threshold_keeps_the_diagonal():
     (as in the ACP paper), so every row still attends to itself and nothing is NaN."""
     q, k, v, lf = acp_inputs(40)
     delta = torch.full((1, 4), 5.0)
-    ours = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=delta)
+    ours = forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold=delta)
     GM, GN = _acp.grid(16)
     ref = acp_masked_ref(*(t.double() for t in (q, k, v, lf)), delta.double(), GM, GN)
     assert torch.isfinite(ours).all() and rel(ours, ref) <= RTOL
@@ -132,11 +134,11 @@ def test_acp_without_queries(Tk):
         xs.requires_grad_()
     for thr in ("auto", -3.0, torch.full((2, 2), -3.0)):
         for w in ((None, (torch.ones(16), torch.ones(16))) if thr == "auto" else (None,)):
-            o = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=thr, qk_norm_weights=w)
+            o = forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold=thr, qk_norm_weights=w)
             assert o.shape == q.shape
             grads = torch.autograd.grad(o, (q, k, v, lf), torch.ones_like(o))
             assert all(g.shape == x.shape and not g.any() for g, x in zip(grads, (q, k, v, lf))), (thr, w)
-    lo, hi, delta = FA.acp_tables_for(q, k, lf, 0.25, -3.0, math.exp(-10), None, default_options())
+    lo, hi, delta = AG.acp_tables_for(q, k, lf, 0.25, -3.0, math.exp(-10), None, default_options())
     assert lo.shape == (4, 0) and torch.equal(hi, torch.full_like(hi, -1))
     assert torch.equal(delta, torch.full((2, 2), -3.0))
 
@@ -148,22 +150,22 @@ def test_acp_auto_within_eps_bound():
     k = F.normalize(k, dim=-1) * 4.0
     lf = torch.full((1, 160, 2), -3.0)
     for eps in (math.exp(-10), 0.05):
-        o_acp, stats = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto", acp_eps=eps,
+        o_acp, stats = forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold="auto", acp_eps=eps,
                                             return_stats=True)
         o = forgetting_attention_ref(*(t.double() for t in (q, k, v, lf)))
         assert (stats["pruned"] > 0).all(), stats
         assert (o_acp.double() - o).abs().max() <= 2 * eps * v.abs().max() + 1e-5
     w = torch.ones(16) * 4.0 / math.sqrt(16)  # RMSNorm weights giving the same norm bound
-    o_w = forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto", qk_norm_weights=(w, w))
+    o_w = forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold="auto", qk_norm_weights=(w, w))
     assert (o_w.double() - o).abs().max() <= 2 * math.exp(-10) * v.abs().max() + 1e-5
 
 
 def test_acp_bad_threshold():
     q, k, v, lf = acp_inputs(20)
     with pytest.raises(ValueError, match="adaptive_threshold"):
-        forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="fast")
+        forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold="fast")
     with pytest.raises(ValueError, match="adaptive_threshold tensor"):
-        forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold=torch.zeros(2, 2))
+        forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold=torch.zeros(2, 2))
 
 
 @pytest.mark.parametrize("Tq,Tk,chunks", [(100, 100, 64), (37, 230, 64), (1, 64, 64), (300, 700, 64), (300, 700, 3),
@@ -226,7 +228,7 @@ def test_acp_threshold_in_kernel_matches_acp_threshold(monkeypatch, Tq, Tk, H, H
     cases = [("auto", w) for w in weights] + [(-7.5, None), (torch.rand(2, H, generator=g) * -20, None)]
     for thr, w in cases:
         for eps in (math.exp(-10), 0.3):
-            lo, hi, delta = FA.acp_tables_for(q, k, lf, 0.3, thr, eps, w, default_options())
+            lo, hi, delta = AG.acp_tables_for(q, k, lf, 0.3, thr, eps, w, default_options())
             want = _acp.acp_threshold(q, k, 0.3, thr, eps=eps, qk_norm_weights=w)
             assert torch.allclose(delta, want, rtol=1e-6, atol=0), (thr, w, delta, want)
             lo_t, hi_t = _acp._tables_torch(lf, delta, Tq, *_acp.grid(D))
@@ -238,6 +240,6 @@ def test_acp_qk_norm_weight_shapes_are_checked():
     for w, bad in (((torch.ones(3, 16), torch.ones(16)), "gamma_q"), ((torch.ones(16), torch.ones(3, 16)), "gamma_k"),
                    ((torch.ones(17), torch.ones(16)), "gamma_q")):
         with pytest.raises(ValueError, match=bad):
-            forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto", qk_norm_weights=w)
+            forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold="auto", qk_norm_weights=w)
         with pytest.raises(ValueError, match=bad):
-            forgetting_attention(q, k, v, lf, backend="reference", adaptive_threshold="auto", qk_norm_weights=w)
+            forgetting_attention(q, k, v, lf, options=on("reference"), adaptive_threshold="auto", qk_norm_weights=w)

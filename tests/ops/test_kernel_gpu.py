@@ -11,9 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from accuracy import TOL, TOL_FEW_KEYS, assert_within, errors, rel
-from forgetting_transformer.ops import (acp as _acp, autotune, default_options, dispatch as DP, forgetting_attention,
-                                        forgetting_attention_ref, gluon_launch as GL, tiles, use_options)
-from gpu_cases import FA, acp_case, check, check_against_eager, dout, grads, make
+from forgetting_transformer.ops.forgetting_attention import (acp as _acp, autograd as DP, default_options,
+                                                             forgetting_attention, forgetting_attention_ref, tiles,
+                                                             use_options)
+from forgetting_transformer.ops.forgetting_attention.triton import launch as TL
+from forgetting_transformer.ops.forgetting_attention.gluon import launch as GL
+from gpu_cases import AG, acp_case, check, check_against_eager, dout, grads, make
 
 pytestmark = [
     pytest.mark.gpu,
@@ -182,7 +185,7 @@ def test_acp_threshold_and_tables_on_the_gpu(T, H, Hkv, D):
     q[1, T // 3, 0] *= 4.0
     w = (torch.rand(H, D, device="cuda") + 0.5, torch.rand(D, device="cuda") + 0.5)
     for weights in (None, w):
-        lo, hi, delta = FA.acp_tables_for(q, k, lf, D ** -0.5, "auto", math.exp(-10), weights, default_options())
+        lo, hi, delta = AG.acp_tables_for(q, k, lf, D ** -0.5, "auto", math.exp(-10), weights, default_options())
         want = _acp.acp_threshold(q, k, D ** -0.5, "auto", qk_norm_weights=weights)
         assert torch.allclose(delta, want, rtol=1e-5, atol=0), (delta, want)
         lo_t, hi_t = _acp._tables_torch(lf, delta, T, *_acp.grid(D))
@@ -248,17 +251,17 @@ def test_reduce_overhead_compile_with_acp(monkeypatch):
 def test_autotuned_launches(monkeypatch, D):
     """With autotuning on (the default), the first call tunes each Triton kernel over the configs that fit the
     device's shared memory (at head dim 256 most are pruned) and later calls launch the pick directly
-    (``autotune._TUNED``); both calls meet the float64 bounds, every config timed fits, and the pick is the
+    (``TL._TUNED``); both calls meet the float64 bounds, every config timed fits, and the pick is the
     autotuner's."""
-    monkeypatch.setattr(autotune, "_TUNED", {})
-    monkeypatch.setattr(autotune, "_KERNELS", {})  # fresh autotuners: each times its candidates on this call
+    monkeypatch.setattr(TL, "_TUNED", {})
+    monkeypatch.setattr(TL, "_KERNELS", {})  # fresh autotuners: each times its candidates on this call
     arch, limit = tiles.device_limits(torch.cuda.current_device())
     with use_options(autotune=True, gluon=False):  # (the Gluon kernels have fixed configs)
         q, k, v, lf = make(1, 1024, 1024, 4, 2, D)
         first = check(q, k, v, lf)
-        assert {key[0] for key in autotune._TUNED} == {"fwd", "dq", "dkdv"}
-        for (kind, _, _), cfg in autotune._TUNED.items():
-            tuned = autotune.tuned_kernel(kind)
+        assert {key[0] for key in TL._TUNED} == {"fwd", "dq", "dkdv"}
+        for (kind, _, _), cfg in TL._TUNED.items():
+            tuned = TL.tuned_kernel(kind)
             assert cfg is tuned.best_config or cfg in tuned.cache.values()
             timed = [tiles._tile(c) for c in tuned.configs_timings]
             assert timed and all(tiles.shared_memory(kind, c, D, 2, arch) <= limit for c in timed), (kind, timed)

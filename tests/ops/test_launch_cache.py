@@ -67,8 +67,8 @@ def test_arguments_the_key_does_not_cover_take_tritons_path(arg):
 
 def test_under_the_interpreter_every_launch_takes_tritons_path():
     """The interpreter's kernels are not ``JITFunction``s: ``launch`` runs them through triton and keeps nothing."""
-    from forgetting_transformer.ops import triton_kernels as tk
-    from forgetting_transformer.ops import triton_launch as TL
+    from forgetting_transformer.ops.forgetting_attention.triton import kernels as tk
+    from forgetting_transformer.ops.forgetting_attention.triton import launch as TL
 
     if torch.cuda.is_available():
         pytest.skip("the interpreter runs only on machines without CUDA")
@@ -96,7 +96,7 @@ def test_aligned_bits_and_static_values():
 
 def test_keyed_launches_under_the_interpreter_take_tritons_path():
     """The interpreter's kernels are not ``JITFunction``s: a keyed launch runs through triton and keeps nothing."""
-    from forgetting_transformer.ops import triton_launch as TL
+    from forgetting_transformer.ops.forgetting_attention.triton import launch as TL
 
     if torch.cuda.is_available():
         pytest.skip("the interpreter runs only on machines without CUDA")

@@ -6,7 +6,8 @@ new kernel."""
 import pytest
 import torch
 
-from forgetting_transformer.ops import AttentionOptions, forgetting_attention, launch_cache
+from forgetting_transformer.ops.forgetting_attention import AttentionOptions, forgetting_attention
+from forgetting_transformer.ops import launch_cache
 
 pytestmark = [
     pytest.mark.gpu,

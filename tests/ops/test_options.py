@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
-from forgetting_transformer.ops import (AttentionOptions, TileConfig, default_options, forgetting_attention,
-                                        set_default_options, use_options)
+from accuracy import on
+from forgetting_transformer.ops.forgetting_attention import (AttentionOptions, TileConfig, default_options,
+                                                             forgetting_attention, set_default_options, use_options)
 from forgetting_transformer.ops import options as O
 from kernel_cases import make
 
@@ -56,7 +57,8 @@ def test_default_scopes_restore():
 def test_environment_overrides_are_read_once_at_import():
     """FOX_AUTOTUNE / FOX_GLUON / FOX_FUSED_BWD set the default when the module is imported; changing the
     environment afterwards changes nothing."""
-    code = ("import os; from forgetting_transformer.ops import default_options as d; a = d(); "
+    code = ("import os; from forgetting_transformer.ops.forgetting_attention import default_options as d; "
+            "a = d(); "
             "os.environ['FOX_GLUON'] = '1'; os.environ['FOX_AUTOTUNE'] = '0'; "
             "print(a.autotune, a.gluon, a.fused_backward, d() is a)")
     env = dict(os.environ, FOX_AUTOTUNE="1", FOX_GLUON="0", FOX_FUSED_BWD="0")
@@ -64,14 +66,16 @@ def test_environment_overrides_are_read_once_at_import():
     assert out.stdout.split() == ["True", "False", "False", "True"]
 
 
-def test_backend_option_and_argument():
+def test_the_backend_is_an_option():
     q, k, v, lf = make(1, 10, 10, 2, 2, 16)
-    ref = forgetting_attention(q, k, v, lf, backend="reference")
+    ref = forgetting_attention(q, k, v, lf, options=on("reference"))
     assert torch.equal(forgetting_attention(q, k, v, lf, options=AttentionOptions(backend="reference")), ref)
     with use_options(backend="reference"):
         assert torch.equal(forgetting_attention(q, k, v, lf), ref)
     with pytest.raises(ValueError, match="backend"):
-        forgetting_attention(q, k, v, lf, backend="cuda-magic")
+        forgetting_attention(q, k, v, lf, options=AttentionOptions(backend="cuda-magic"))
+    with pytest.raises(TypeError, match="backend"):  # the backend is an option, not an argument of its own
+        forgetting_attention(q, k, v, lf, backend="reference")
     with pytest.raises(TypeError, match="AttentionOptions"):
         forgetting_attention(q, k, v, lf, options={"backend": "reference"})
 
@@ -80,10 +84,10 @@ def test_backend_option_and_argument():
 def test_a_calls_options_pick_its_tiles_and_its_backward_keeps_them(monkeypatch):
     """``triton_configs`` of a call's options are the tiles its kernels launch with, in the forward and in the
     backward (which runs after the ``use_options`` block has ended)."""
-    from forgetting_transformer.ops import autotune
+    from forgetting_transformer.ops.forgetting_attention.triton import launch as TL
 
     seen = []
-    raw = autotune.raw_kernel
+    raw = TL.raw_kernel
 
     def spy(kind):
         fn = raw(kind)
@@ -96,9 +100,9 @@ def test_a_calls_options_pick_its_tiles_and_its_backward_keeps_them(monkeypatch)
                 return launch
         return Grid()
 
-    monkeypatch.setattr(autotune, "raw_kernel", spy)
+    monkeypatch.setattr(TL, "raw_kernel", spy)
     q, k, v, lf = (t.requires_grad_() for t in make(1, 40, 40, 2, 2, 16))
     with use_options(triton_configs={"fwd": (16, 32, 4, 1), "dq": (32, 16, 4, 1), "dkdv": (32, 64, 4, 1)}):
-        o = forgetting_attention(q, k, v, lf, backend="triton")
+        o = forgetting_attention(q, k, v, lf, options=on("triton"))
     o.sum().backward()
     assert seen == [("fwd", 16, 32), ("dq", 32, 16), ("dkdv", 32, 64)]

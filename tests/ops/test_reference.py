@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from forgetting_transformer.ops import forgetting_attention
-from forgetting_transformer.ops.reference import forgetting_attention_naive, forgetting_attention_ref
+from forgetting_transformer.ops.forgetting_attention import forgetting_attention
+from forgetting_transformer.ops.forgetting_attention.reference import (forgetting_attention_naive,
+                                                                       forgetting_attention_ref)
 
 
 def make_inputs(B, Tq, Tk, H, Hkv, D, dtype=torch.float64, seed=0, gate_scale=1.0):

@@ -5,7 +5,7 @@ autotuner's prune and the fixed configs never hand on one that does not fit."""
 import pytest
 import torch
 
-from forgetting_transformer.ops import AttentionOptions, TileConfig, tiles
+from forgetting_transformer.ops.forgetting_attention import AttentionOptions, TileConfig, tiles
 
 LIMITS = {90: 232448, 80: 166912}  # shared memory per block (opt-in maximum) of H100 / H200 and A100
 KINDS = ("fwd", "dq", "dkdv")

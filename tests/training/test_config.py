@@ -16,7 +16,7 @@ from omegaconf.errors import ValidationError
 
 from forgetting_transformer.config import (AttentionConfig, ConfigError, DecoderArch, DecoderConfig, FlaArch,
                                            FlaConfig, TileConfigs, register_configs, validate)
-from forgetting_transformer.ops import AttentionOptions, default_options
+from forgetting_transformer.ops.forgetting_attention import AttentionOptions, default_options
 from forgetting_transformer.ops.options import KINDS
 from forgetting_transformer.training.run import checked_options, config_error_line, run_in_dir
 

@@ -34,15 +34,13 @@ import contextlib
 import importlib
 import time
 
+from .. import launch_cache as _launch_cache
 from . import acp as _acp
-from . import dispatch as _dp
-from . import gluon_launch as _gl
-from . import launch_cache as _launch_cache
+from . import autograd as _ag
 from . import tiles as _tiles
-from . import triton_launch as _tl
-from .options import TileConfig, default_options, use_options
-
-_fa = importlib.import_module(f"{__package__}.forgetting_attention")  # the module (the package exports the op)
+from .gluon import launch as _gl
+from ..options import TileConfig, default_options, use_options
+from .triton import launch as _tl
 
 DEFAULT_EPS = _acp.DEFAULT_EPS
 
@@ -93,7 +91,7 @@ def acp_grid(head_dim: int) -> tuple[int, int]:
 def acp_tables(q, k, log_fgate, *, sm_scale=None, threshold="auto", eps=DEFAULT_EPS, qk_norm_weights=None):
     """ACP's tables as the op forms them for ``adaptive_threshold=threshold``: (lo (B*H, query blocks), hi (B*H,
     key blocks), delta (B, H)), int32 / int32 / fp32 on ACP's grid (``acp_grid``)."""
-    return _fa.acp_tables_for(q, k, log_fgate, _scale(q, sm_scale), threshold, eps, qk_norm_weights,
+    return _ag.acp_tables_for(q, k, log_fgate, _scale(q, sm_scale), threshold, eps, qk_norm_weights,
                               default_options())
 
 
@@ -165,7 +163,7 @@ def dlogf(drow, dcol):
 def backward(do, q, k, v, log_fgate, o, lse, *, sm_scale=None, acp=None):
     """The whole backward as the op runs it under the default options (the one kernel or the dq and dk/dv kernels,
     per ``fused_backward`` / ``deterministic`` and the device): (dq, dk, dv, d log f)."""
-    return _dp.bwd(do, q, k, v, log_fgate, o, lse, None, None, _scale(q, sm_scale), default_options(), acp)
+    return _ag.bwd(do, q, k, v, log_fgate, o, lse, None, None, _scale(q, sm_scale), default_options(), acp)
 
 
 def gluon_runs(kind, q, k, v, *more):
@@ -183,24 +181,23 @@ def gluon_maxnreg(num_warps: int) -> int:
 
 
 def jit_kernel(name: str):
-    """The ``@triton.jit`` function of ``ops/triton_kernels.py`` or the ``@gluon.jit`` function of
-    ``ops/gluon_kernels.py`` named ``name`` (e.g. ``_attn_fwd_kernel``, ``fox_fwd_sm90_kernel``)."""
-    mod = "gluon_kernels" if name.startswith("fox_") else "triton_kernels"
-    module = importlib.import_module(f"{__package__}.{mod}")
+    """The ``@triton.jit`` function of ``triton/kernels.py`` or the ``@gluon.jit`` function of ``gluon/kernels.py``
+    named ``name`` (e.g. ``_attn_fwd_kernel``, ``fox_fwd_sm90_kernel``)."""
+    mod = "gluon" if name.startswith("fox_") else "triton"
+    module = importlib.import_module(f"{__package__}.{mod}.kernels")
     if not hasattr(module, name):
-        raise ValueError(f"no kernel {name!r} in ops/{mod}.py")
+        raise ValueError(f"no kernel {name!r} in {mod}/kernels.py")
     return getattr(module, name)
 
 
-#: The op's host-side stages that ``host_stages`` times, as "module.function" (modules of ``ops/``; every call
+#: The op's host-side stages that ``host_stages`` times, as "module.function" (modules of this package; every call
 #: between the op's modules goes through the module's attribute, so replacing it there times every call).
-HOST_STAGES = ("forgetting_attention.forgetting_attention_triton", "forgetting_attention.check_inputs",
-               "forgetting_attention.check_kernel_inputs", "forgetting_attention.row_bounds",
-               "forgetting_attention.acp_tables_for", "triton_launch.acp_launch", "dispatch.fwd_impl",
-               "gluon_launch.fwd_sm90", "triton_launch.block_prefix", "dispatch.bwd_impl", "dispatch.bwd",
-               "gluon_launch.use_fused_bwd", "gluon_launch.use_sm90", "gluon_launch.bwd_fused_sm90",
-               "gluon_launch.bwd_fused_setup", "triton_launch.bwd_dlogf", "gluon_launch.tma_desc",
-               "gluon_launch.tma_vec", "gluon_launch.query_vec")
+HOST_STAGES = ("autograd.forgetting_attention_triton", "autograd.check_inputs", "autograd.check_kernel_inputs",
+               "autograd.row_bounds", "autograd.acp_tables_for", "triton.launch.acp_launch", "autograd.fwd_impl",
+               "gluon.launch.fwd_sm90", "triton.launch.block_prefix", "autograd.bwd_impl", "autograd.bwd",
+               "gluon.launch.use_fused_bwd", "gluon.launch.use_sm90", "gluon.launch.bwd_fused_sm90",
+               "gluon.launch.bwd_fused_setup", "triton.launch.bwd_dlogf", "gluon.launch.tma_desc",
+               "gluon.launch.tma_vec", "gluon.launch.query_vec")
 
 
 @contextlib.contextmanager
@@ -232,8 +229,8 @@ def host_stages():
         return wrapper
 
     launches = [(name, getattr(_launch_cache, name)) for name in ("launch", "launch_keyed")]
-    stages = [(importlib.import_module(f"{__package__}.{m}"), name) for m, name in
-              (s.split(".") for s in HOST_STAGES)]
+    stages = [(importlib.import_module(f"{__package__}.{m}"), name) for m, _, name in
+              (s.rpartition(".") for s in HOST_STAGES)]
     saved = [(module, name, getattr(module, name)) for module, name in stages]
     try:
         for name, fn in launches:

@@ -1,5 +1,10 @@
-"""Launchers of the Triton kernels (``triton_kernels.py``): plain functions on tensors, any device with triton
+"""Launchers of the Triton kernels (``kernels.py``): plain functions on tensors, any device with triton
 (a CUDA GPU, or the CPU under ``TRITON_INTERPRET=1``).
+
+Autotuned launches (``launch``) time the configs of ``tiles.AUTOTUNE_CONFIGS`` that fit the device's shared memory
+(the others are pruned before any launch) once per shape class, then launch the pick directly, which saves the
+autotuner's per-call Python (~45 us of host time per launch on the H200 machines). With autotuning off, or under
+the interpreter, the config of ``tiles.fixed_config``.
 
     block_prefix   the block-local prefix sums of log f that the attention kernels read
     fwd            the forward: (o, lse)
@@ -8,7 +13,7 @@
     bwd_dlogf      d log f from the row and column sums (and the one-kernel backward's dq rounding)
     acp_launch     ACP's threshold and (lo, hi) tables
 
-``options`` (an ``AttentionOptions``) picks the tile configs (``autotune.launch``) and ACP's grid; ``acp_tables``
+``options`` (an ``AttentionOptions``) picks the tile configs (``launch``) and ACP's grid; ``acp_tables``
 is None (dense) or ACP's (lo, hi) on that grid.
 """
 
@@ -18,11 +23,62 @@ import math
 
 import torch
 
-from . import acp as _acp
-from . import launch_cache
-from .autotune import launch
-from .options import interpreting
-from .tiles import cdiv, next_pow2, padded_head_dim
+from ... import launch_cache
+from .. import acp as _acp
+from .. import tiles
+from ...options import interpreting
+from ..tiles import cdiv, next_pow2, padded_head_dim
+
+_KERNELS = {}  # kind -> the autotuned jit function
+_TUNED = {}  # (kind, tune key, meta) -> the autotuner's pick (a triton.Config)
+
+
+def raw_kernel(kind):
+    """The ``@triton.jit`` function of ``kind`` ("fwd", "dq" or "dkdv")."""
+    from . import kernels as tk
+
+    return {"fwd": tk._attn_fwd_kernel, "dq": tk._attn_bwd_dq_kernel, "dkdv": tk._attn_bwd_dkdv_kernel}[kind]
+
+
+def tuned_kernel(kind):
+    """``kind``'s kernel under ``triton.autotune`` over the configs that fit (``tiles.prune``)."""
+    if kind not in _KERNELS:
+        import triton
+
+        configs = [triton.Config(c.meta(), num_warps=c.num_warps, num_stages=c.num_stages)
+                   for c in tiles.AUTOTUNE_CONFIGS[kind]]
+        _KERNELS[kind] = triton.autotune(
+            configs=configs,
+            key=["HEAD_DIM", "T_BUCKET", "GROUP", "HAS_START", "IEEE", "HAS_HI" if kind == "dkdv" else "HAS_LO"],
+            prune_configs_by={"early_config_prune": tiles.prune(kind)},
+        )(raw_kernel(kind))
+    return _KERNELS[kind]
+
+
+def autotuned(kind, options) -> bool:
+    """Whether ``kind`` is autotuned under ``options`` (never under the interpreter, nor with a named config)."""
+    return options.autotune and not interpreting() and options.triton_config(kind) is None
+
+
+def launch(kind, options, grid_fn, tune_key, *args, **meta):
+    """Launch ``kind`` on ``args`` (Q first). Autotuned: the autotuner runs once per (``tune_key`` = (device, T
+    bucket, GROUP, dtype), ``meta``), at least as fine as its own key; later calls launch its pick. Else the
+    config of ``tiles.fixed_config``."""
+    q = args[0]
+    if not autotuned(kind, options):
+        cfg = tiles.fixed_config(kind, meta["BLOCK_D"], q.element_size(), q.device.index if q.is_cuda else None,
+                                 options)
+        launch_cache.launch(raw_kernel(kind), grid_fn(cfg.meta()), *args, **meta, **cfg.meta(),
+                            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return
+    key = (kind, tune_key, tuple(sorted(meta.items())))
+    best = _TUNED.get(key)
+    if best is None:
+        tuned = tuned_kernel(kind)
+        tuned[grid_fn](*args, **meta)
+        _TUNED[key] = tuned.best_config
+    else:
+        launch_cache.launch(raw_kernel(kind), grid_fn(best.kwargs), *args, **meta, **best.all_kwargs())
 
 
 def acp_args(acp_tables, grid, rows_only=False):
@@ -61,7 +117,7 @@ def acp_launch(q, k, lf, sm_scale, mode, grid, delta=None, thr_value=0.0, gamma_
     lo = torch.empty((B * H, nq), device=lf.device, dtype=torch.int32)
     hi = torch.empty((B * H, nk), device=lf.device, dtype=torch.int32)
     out = torch.empty((B, H), device=lf.device, dtype=torch.float32)
-    from . import triton_kernels as tk
+    from . import kernels as tk
 
     gq = gk = norms = out  # dummy pointers where unused
     sgq = sgk = 0
@@ -121,7 +177,7 @@ def block_prefix(lf, Tq, query_side=True, key_side=True):
     pk = torch.empty((4, B * H, tpad), device=lf.device, dtype=torch.float32) if key_side else None
     pq = torch.empty((4, B * H, tpad), device=lf.device, dtype=torch.float32) if query_side else None
     p = pk if key_side else pq
-    from . import triton_kernels as tk
+    from . import kernels as tk
 
     key = ("block_prefix", lf.shape, lf.stride(), lf.dtype, Tq, query_side, key_side, launch_cache.aligned(lf))
     ints = launch_cache.static(key, lambda: (H, Tk, Tk - Tq, *p.stride()[:2], *lf.stride()))
@@ -234,7 +290,7 @@ def bwd_dlogf(drow, dcol, dq32=None, dq=None):
     nch = cdiv(max(Tk, 1), chunk)
     sums = torch.empty((B * H, nch), device=dcol.device, dtype=torch.float64)
     dlf = torch.empty_like(dcol)
-    from . import triton_kernels as tk
+    from . import kernels as tk
 
     round_dq = dq32 is not None
     D = dq32.shape[-1] if round_dq else 16

@@ -12,7 +12,7 @@ kernels' configs for the head dim), as a per-query-block count ``lo[m]`` of prun
 row ``i`` sees keys ``j >= lo[i // GM] * GN`` only. Each kernel skips its own tiles that lie wholly in the region and
 masks the elements of the tiles that straddle its boundary, so the forward and both backward kernels prune exactly the
 same (i, j) set whatever their tile sizes, and the gradients are exactly those of the pruned forward. The kernel path
-computes ``lo`` and ``hi`` in two Triton launches (``triton_kernels._acp_cumsum_kernel``: chunk-local float64 cumsums;
+computes ``lo`` and ``hi`` in two Triton launches (``triton.kernels._acp_cumsum_kernel``: chunk-local float64 cumsums;
 ``_acp_tables_kernel``: per window of blocks a 32-ary search, then the paper's two-pointer walk, vectorised, over
 key blocks for ``lo`` and over query blocks for ``hi``), each parallel over positions; ``lo_table`` / ``hi_table``
 here are the PyTorch (``torch.searchsorted``) equivalents used to test it and for ``tile_stats``. Requires
@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .options import interpreting
+from ..options import interpreting
 
 DEFAULT_EPS = math.exp(-10.0)
 

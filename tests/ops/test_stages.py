@@ -1,5 +1,6 @@
-"""``forgetting_transformer.ops.launchers`` (the kernel tools' way into the op) under the CPU interpreter: each stage
-computes what the op computes, chained as the op chains them, and its contexts restore what they change."""
+"""``forgetting_transformer.ops.forgetting_attention.stages`` (the kernel tools' way into the op) under the CPU
+interpreter: each stage computes what the op computes, chained as the op chains them, and its contexts restore what
+they change."""
 
 import importlib
 import os
@@ -8,13 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from forgetting_transformer.ops import TileConfig, default_options, forgetting_attention
-from forgetting_transformer.ops import launchers as L
+from accuracy import on
+from forgetting_transformer.ops.forgetting_attention import autograd as AG
+from forgetting_transformer.ops.forgetting_attention import TileConfig, default_options, forgetting_attention
+from forgetting_transformer.ops.forgetting_attention import stages as L
 
 if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("CPU interpreter tests", allow_module_level=True)
 
-FA = importlib.import_module("forgetting_transformer.ops.forgetting_attention")  # the module, not the op
+
 
 
 def inputs(B=2, T=40, H=2, D=16, seed=0):
@@ -34,7 +37,7 @@ def test_stages_chain_to_the_ops_outputs_and_gradients(acp):
     T = q.shape[1]
     kw = dict(adaptive_threshold="auto") if acp else {}
     xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
-    o_ref = forgetting_attention(*xs, backend="triton", **kw)
+    o_ref = forgetting_attention(*xs, options=on("triton"), **kw)
     do = torch.randn_like(o_ref)
     grads_ref = torch.autograd.grad(o_ref, xs, do)
 
@@ -57,7 +60,7 @@ def test_acp_tables_and_grid():
     GM, GN = L.acp_grid(q.shape[-1])
     assert lo.shape == (2 * 2, -(-64 // GM)) and hi.shape == (2 * 2, -(-64 // GN))
     assert torch.equal(delta, torch.full((2, 2), -3.0))
-    want = FA.acp_tables_for(q, k, lf, 16 ** -0.5, -3.0, L.DEFAULT_EPS, None, default_options())
+    want = AG.acp_tables_for(q, k, lf, 16 ** -0.5, -3.0, L.DEFAULT_EPS, None, default_options())
     assert all(torch.equal(a, b) for a, b in zip((lo, hi, delta), want))
 
 
@@ -77,7 +80,7 @@ def test_triton_config_context_restores_the_forced_configs():
 
 def test_kernel_names_and_choices():
     assert L.jit_kernel("_attn_fwd_kernel") is importlib.import_module(
-        "forgetting_transformer.ops.triton_kernels")._attn_fwd_kernel
+        "forgetting_transformer.ops.forgetting_attention.triton.kernels")._attn_fwd_kernel
     with pytest.raises(ValueError, match="no kernel 'nope'"):
         L.jit_kernel("nope")
     with pytest.raises(ValueError, match="kernel must be one of"):
@@ -92,13 +95,13 @@ def test_host_stages_time_the_stages_and_restore_them():
     functions and the launch function are the originals again."""
     from forgetting_transformer.ops import launch_cache
 
-    stages = [(importlib.import_module(f"forgetting_transformer.ops.{m}"), name)
-              for m, name in (s.split(".") for s in L.HOST_STAGES)]
+    stages = [(importlib.import_module(f"forgetting_transformer.ops.forgetting_attention.{m}"), name)
+              for m, _, name in (s.rpartition(".") for s in L.HOST_STAGES)]
     saved = [getattr(module, name) for module, name in stages]
     launch = launch_cache.launch
     q, k, v, lf = (t.requires_grad_() for t in inputs())
     with L.host_stages() as acc:
-        forgetting_attention(q, k, v, lf, backend="triton", adaptive_threshold="auto").sum().backward()
+        forgetting_attention(q, k, v, lf, options=on("triton"), adaptive_threshold="auto").sum().backward()
     for name in ("forgetting_attention_triton", "check_inputs", "acp_tables_for", "acp_launch", "fwd_impl",
                  "block_prefix", "bwd_impl", "bwd", "bwd_dlogf"):
         assert acc.get(name, 0) > 0, (name, sorted(acc))

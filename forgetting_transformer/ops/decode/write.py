@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch_cache
+from .. import launch_cache
 
 
 @triton.jit

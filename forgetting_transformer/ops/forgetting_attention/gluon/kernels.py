@@ -5,7 +5,7 @@ The forward (``fox_fwd_sm90_kernel``) and, below it, the two halves of the backw
 docstring (docs/kernel.md). The forward:
 
 One program per (query block of NUM_WG * BLOCK_M rows, batch*head), heaviest blocks first, with the numerics of
-``triton_kernels._attn_fwd_kernel`` (block-local log f prefix sums, base-2 online softmax, the same o and
+``triton.kernels._attn_fwd_kernel`` (block-local log f prefix sums, base-2 online softmax, the same o and
 log-sum-exp), in three partitions:
   * a one-warp loader (24 registers after ``setmaxnreg``) issues TMA copies of Q and of each key block's K (with
     the block's row of PK, the block-local log f prefix sums) and V into a ring of NUM_STAGES shared-memory
@@ -28,7 +28,7 @@ At head dim 64 the backward, dense or with ACP, runs as one kernel by default (`
 dk/dv kernel, which also forms dq by TMA reduce-adds; docs/kernel.md). The kernels run causal attention, dense or
 with ACP (the forward and dq kernels read ACP's LO table, the dk/dv and one-kernel backward its HI table: the same
 pruned region as the Triton kernels); documents and left padding stay with the Triton kernels.
-``forgetting_attention._use_sm90`` decides.
+``gluon.launch.use_sm90`` decides.
 """
 from triton._C.libtriton import ir
 from triton.experimental import gluon
@@ -110,7 +110,7 @@ def _fwd_load(q_desc, k_desc, v_desc, ck_desc, q_smem, k_bufs, v_bufs, ck_bufs, 
 
 @gluon.jit
 def _pk_row(pid_bh, spp, spr, BLOCK_N: gl.constexpr):
-    """The flat offset in PK (``forgetting_attention._block_prefix``: (4, B*H, TPAD)) of head ``pid_bh``'s
+    """The flat offset in PK (``triton.launch.block_prefix``: (4, B*H, TPAD)) of head ``pid_bh``'s
     prefix sums within aligned blocks of BLOCK_N keys."""
     gl.static_assert(BLOCK_N == 16 or BLOCK_N == 32 or BLOCK_N == 64 or BLOCK_N == 128)
     PLANE: gl.constexpr = (BLOCK_N >= 32) + (BLOCK_N >= 64) + (BLOCK_N >= 128)
@@ -419,7 +419,7 @@ def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, ck_desc, LF, PK, O, LSE, LO, slb
     warpgroups of BLOCK_M rows each (the default partition and workers; 240 registers each for 2, 160 for 3)
     and a one-warp loader. q_desc / k_desc / v_desc: TMA descriptors over the (B*T, heads*D) views of
     contiguous q, k, v with blocks [BLOCK_M, D] / [BLOCK_N, D]; ck_desc: 1-D over the flat PK
-    (``forgetting_attention._block_prefix``), blocks [BLOCK_N]. Rows that a block reads past its batch element's
+    (``triton.launch.block_prefix``), blocks [BLOCK_N]. Rows that a block reads past its batch element's
     end are masked (causal) or never stored. ACP when LO is an int32 pointer: ACP's table (B*H, ACP_NQ) on its
     (ACP_GM x ACP_GN) grid (``_acp_tables_kernel``); each row skips the keys below ``LO[row // ACP_GM] *
     ACP_GN``. Dense: any fp32 pointer."""
@@ -531,7 +531,7 @@ def _bwd_tile(dk, dv, colsum, acc_c, i, m0, off, Tq, k_s, v_s, q_bufs, do_bufs, 
               do_ready, q_empty, do_empty, ck2, pos_k, khi, PQ_base, offs_m, qk_scale, ds_bufs, ds_full, ds_empty, WG,
               ones_q, s_layout: gl.constexpr, a_layout: gl.constexpr, MASK: gl.constexpr, ACP: gl.constexpr,
               FUSED: gl.constexpr):
-    """One query tile of ``triton_kernels._attn_bwd_dkdv_inner`` (keys on rows: S^T = K Q^T, so P^T and dS^T are
+    """One query tile of ``triton.kernels._attn_bwd_dkdv_inner`` (keys on rows: S^T = K Q^T, so P^T and dS^T are
     the register A operands of the dv and dk products). ``MASK``: causal and rows past Tq, plus (``ACP``) the
     rows at/after each key's ``khi``. ``FUSED`` (the one-kernel backward): dS^T, rounded once to 16 bits, is also
     handed to the warpgroup that forms this tile's dq share and row sums (``_ds_handoff``, ``_dq_share``), and
@@ -674,7 +674,7 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
                  ACP_GN, H, GROUP, Tq, Tk, sm_scale, WG, k_smem, ds_bufs, ones_s, ones_q, dq_stage, rs_stage, ds_full,
                  ds_empty, st_full, st_empty, NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr, FUSED: gl.constexpr):
     """One consumer warpgroup: keys WG*KEYS .. of the program's NUM_WG*KEYS-key block (``k_s`` / ``v_s``: this
-    warpgroup's rows), the loop of ``triton_kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head: the
+    warpgroup's rows), the loop of ``triton.kernels._attn_bwd_dkdv_kernel`` over the query tiles of each query head: the
     causal diagonal tiles, the clean ones, then those with rows past Tq or (ACP) rows that some of the keys do
     not reach. Under ACP key j reaches rows below ``(HI[j // ACP_GN] + 1) * ACP_GM`` (the region the LO table
     leaves to the forward: LO grows with the query block); the last tile is the program's (all warpgroups
@@ -1057,7 +1057,7 @@ def _dq_load(q_desc, do_desc, k_desc, v_desc, ck_desc, q_smem, do_smem, k_bufs, 
 def _dq_tile(dq, rowsum, g, tot_k, i, n_top, E, q_smem, do_smem, k_bufs, v_bufs, ck_bufs, k_ready, v_ready,
              k_empty, v_empty, PK_base, rql2, delta, pos_q, kstart, offs_n, qk_scale,
              s_layout: gl.constexpr, p_layout: gl.constexpr, CAUSAL: gl.constexpr, START: gl.constexpr):
-    """One key block of ``triton_kernels._attn_bwd_dq_kernel``: S = Q K^T and dP = dO V^T by wgmma, P from the
+    """One key block of ``triton.kernels._attn_bwd_dq_kernel``: S = Q K^T and dP = dO V^T by wgmma, P from the
     forward's log-sum-exp (in ``rql2``), dS = P (dP - delta), dq += dS K with dS as the register A operand."""
     NUM_STAGES: gl.constexpr = k_bufs.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[0]
@@ -1098,7 +1098,7 @@ def _dq_compute(q_smem, do_smem, k_bufs, v_bufs, ck_bufs, q_bar, k_ready, v_read
                 sm_scale,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, WG,
                 NUM_WG: gl.constexpr, HAS_ACP: gl.constexpr):
-    """One consumer warpgroup: the loop of ``triton_kernels._attn_bwd_dq_kernel`` for its rows (``q_smem`` /
+    """One consumer warpgroup: the loop of ``triton.kernels._attn_bwd_dq_kernel`` for its rows (``q_smem`` /
     ``do_smem``), over the forward's key blocks in the forward's order. Also forms delta = rowsum(o * dO) for its
     rows (stored for the dk/dv kernel) and stores dq (times sm_scale) and the row sums of dS."""
     num_warps: gl.constexpr = 4

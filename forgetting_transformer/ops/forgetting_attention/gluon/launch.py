@@ -1,10 +1,10 @@
-"""Launchers of the warp-specialised Gluon kernels (``gluon_kernels.py``; Hopper), and when the op runs them.
+"""Launchers of the warp-specialised Gluon kernels (``gluon/kernels.py``; Hopper), and when the op runs them.
 
     use_sm90        whether a causal call without documents or padding runs a Gluon kernel
     use_fused_bwd   whether its backward runs as one kernel (head dim 64)
-    fwd_sm90        the forward: (o, lse), as ``triton_launch.fwd``
-    bwd_dq_sm90     the dq kernel: (dq, drow, delta), as ``triton_launch.bwd_dq``
-    bwd_dkdv_sm90   the dk/dv kernel: (dk, dv, dcol), as ``triton_launch.bwd_dkdv``
+    fwd_sm90        the forward: (o, lse), as ``triton.launch.fwd``
+    bwd_dq_sm90     the dq kernel: (dq, drow, delta), as ``triton.launch.bwd_dq``
+    bwd_dkdv_sm90   the dk/dv kernel: (dk, dv, dcol), as ``triton.launch.bwd_dkdv``
     bwd_fused_sm90  the one-kernel backward with its set-up launch: (dq, dk, dv, drow, dcol)
 
 The launchers copy a checked TMA descriptor template per (block, dtype) and set its base, shape and strides.
@@ -19,10 +19,11 @@ import math
 
 import torch
 
-from . import launch_cache, tiles
-from . import triton_launch as TL
-from .options import interpreting
-from .tiles import cdiv, padded_head_dim
+from ... import launch_cache
+from .. import tiles
+from ...options import interpreting
+from ..tiles import cdiv, padded_head_dim
+from ..triton import launch as TL  # the Triton helper kernels the Gluon path runs on (block prefix sums, ACP args)
 
 @functools.lru_cache(maxsize=None)
 def _capability(device_index):
@@ -97,7 +98,7 @@ def tma_desc(t, block):
 
 def tma_vec(t, block):
     """1-D TMA descriptor over the flat fp32 contiguous ``t`` (at least ``block`` long), blocks of ``block``: the
-    Gluon kernels' rows of PK / PQ (``triton_launch.block_prefix``), LSE and delta."""
+    Gluon kernels' rows of PK / PQ (``triton.launch.block_prefix``), LSE and delta."""
     return _desc(t, [t.numel()], [1], (block,))
 
 
@@ -115,8 +116,8 @@ def query_vec(t, rows=None, block=64):
 
 def fwd_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None, grid=None):
     """The causal forward (dense, or with ACP's ``acp_tables``) by the Gluon kernel: the same (o, lse) as
-    ``triton_launch.fwd``."""
-    from . import gluon_kernels as gk
+    ``triton.launch.fwd``."""
+    from . import kernels as gk
 
     B, Tq, H, D = q.shape
     config = config or tiles.GLUON_FWD_CONFIGS[D]
@@ -148,8 +149,8 @@ def fwd_sm90(q, k, v, lf, sm_scale, config=None, acp_tables=None, grid=None):
 
 def bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=None, grid=None):
     """The dq backward (dense, or with ACP's ``acp_tables``) by the Gluon kernel: the same (dq, drow, delta) as
-    ``triton_launch.bwd_dq``."""
-    from . import gluon_kernels as gk
+    ``triton.launch.bwd_dq``."""
+    from . import kernels as gk
 
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -170,8 +171,8 @@ def bwd_dq_sm90(do, q, k, v, lf, pk, o, lse, sm_scale, config=None, acp_tables=N
 
 def bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_tables=None, grid=None):
     """The dk/dv backward (dense, or with ACP's ``acp_tables``) by the Gluon kernel: the same (dk, dv, dcol) as
-    ``triton_launch.bwd_dkdv``."""
-    from . import gluon_kernels as gk
+    ``triton.launch.bwd_dkdv``."""
+    from . import kernels as gk
 
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -201,7 +202,7 @@ def bwd_fused_setup(o, do, lf, lse, block_m):
     log2(e) - lse, the query side of each tile's scores, (B*H, SVR) fp32 with rows padded to SVR = Tq rounded up
     to 4 (a TMA copy starts at a 16-byte boundary; the padding is not written); and the zeroed fp32 accumulators
     of the kernel's reduce-adds, for dq (B, Tq, H, D) and for the row sums of dS (B, Tq, H, 8)."""
-    from . import triton_kernels as tk
+    from ..triton import kernels as tk
 
     B, Tq, H, D = o.shape
     svr = cdiv(Tq, 4) * 4
@@ -221,12 +222,12 @@ def bwd_fused_setup(o, do, lf, lse, block_m):
 
 
 def bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None, acp_tables=None, grid=None, round_dq=True):
-    """The dense causal backward as one Gluon kernel (``gluon_kernels.fox_bwd_fused_sm90_kernel``): (dq, dk, dv,
+    """The dense causal backward as one Gluon kernel (``gluon.kernels.fox_bwd_fused_sm90_kernel``): (dq, dk, dv,
     drow, dcol) as ``bwd_dq`` and ``bwd_dkdv`` give them (dense, or with ACP's ``acp_tables``), dq the fp32
     accumulator of the kernel's reduce-adds rounded once to q's dtype (``round_dq=False``: left in fp32, for
-    ``triton_launch.bwd_dlogf`` to round in its launch), drow and dcol the sums of the 16-bit dS (not bitwise
+    ``triton.launch.bwd_dlogf`` to round in its launch), drow and dcol the sums of the 16-bit dS (not bitwise
     reproducible: the adds' order varies)."""
-    from . import gluon_kernels as gk
+    from . import kernels as gk
 
     B, Tq, H, D = q.shape
     config = config or tiles.GLUON_FUSED_CONFIGS[D]

@@ -1,18 +1,18 @@
 """The kernels' tile configs, and which of them fit a GPU's shared memory.
 
-Triton kernels (``triton_kernels.py``): ``AUTOTUNE_CONFIGS`` are what the autotuner times on a GPU,
+Triton kernels (``triton/kernels.py``): ``AUTOTUNE_CONFIGS`` are what the autotuner times on a GPU,
 ``HEAD_DIM_CONFIGS`` the one config per kernel used with autotuning off, ``INTERPRET_CONFIGS`` the tiles under
 triton's CPU interpreter. A config is launched only if ``shared_memory`` (an upper bound of what the compiled
 kernel asks for, from its tiles) fits the device's per-block limit: the autotuner's candidates are pruned by it,
 and a fixed config that does not fit is replaced by the first autotune config that does (or refused, if named in
-the options). Gluon kernels (``gluon_kernels.py``, Hopper): ``GLUON_*_CONFIGS`` per head dim, fixed.
+the options). Gluon kernels (``gluon/kernels.py``, Hopper): ``GLUON_*_CONFIGS`` per head dim, fixed.
 """
 
 from __future__ import annotations
 
 import functools
 
-from .options import TileConfig, interpreting
+from ..options import TileConfig, interpreting
 
 MAX_HEAD_DIM = 256
 

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import launch_cache
+from .. import launch_cache
 
 MIN_TILE = 16  # tl.dot needs at least 16 rows, keys and head-dim lanes
 

@@ -1,6 +1,10 @@
-"""The op's kernels chained into a forward and a backward, and the autograd layers over them.
+"""The kernel path of the op: inputs checked, row bounds and ACP's tables formed, the kernels chained into a forward
+and a backward, and the autograd layers over them.
 
-``fwd_impl`` / ``bwd_impl`` pick the kernels per call (``gluon_launch.use_sm90`` / ``use_fused_bwd``: the Gluon
+``forgetting_attention_triton`` is the path the public function takes for the kernels; ``attend`` is its one
+forward route and ``acp_tables_for`` its one route to ACP's tables.
+
+``fwd_impl`` / ``bwd_impl`` pick the kernels per call (``gluon.launch.use_sm90`` / ``use_fused_bwd``: the Gluon
 kernels on Hopper where they apply, the Triton kernels elsewhere) under an ``AttentionOptions``. Two autograd
 layers call them: the ``torch.library`` custom ops ``forgetting_transformer::fox_fwd`` / ``fox_bwd`` /
 ``fox_acp_tables``, with fake (meta) implementations and ``register_autograd``, so that ``torch.compile`` traces
@@ -12,16 +16,18 @@ take at small shapes).
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
 from . import acp as _acp
-from . import gluon_launch as GL
 from . import tiles
-from . import triton_launch as TL
-from .options import from_token
-from .tiles import cdiv, padded_head_dim
+from .gluon import launch as GL
+from ..options import from_token
+from .reference import check_inputs
+from .tiles import MAX_HEAD_DIM, cdiv, padded_head_dim
+from .triton import launch as TL
 
 
 def fwd_is_sm90(q, k, v, kstart, options):
@@ -74,6 +80,12 @@ def bwd(do, q, k, v, lf, o, lse, kstart, kend, sm_scale, options, acp_tables=Non
     return dq, dk, dv, TL.bwd_dlogf(drow, dcol)
 
 
+def acp_tables_impl(q, k, log_fgate, sm_scale, mode, delta, thr_value, gamma_q, gamma_k, log_eps, grid_m, grid_n):
+    """ACP's (lo, hi, delta) on the grid (grid_m, grid_n) (``triton.launch.acp_launch``)."""
+    return TL.acp_launch(q, k, log_fgate, sm_scale, mode, (grid_m, grid_n), delta, thr_value, gamma_q, gamma_k,
+                         log_eps)
+
+
 def bwd_impl(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, acp_lo, acp_hi, options):
     return bwd(do, q, k, v, log_fgate, o, lse, kstart, kend, sm_scale, options,
                None if acp_lo is None else (acp_lo, acp_hi))
@@ -114,9 +126,8 @@ def fox_acp_tables(
     delta: Optional[torch.Tensor], thr_value: float, gamma_q: Optional[torch.Tensor],
     gamma_k: Optional[torch.Tensor], log_eps: float, grid_m: int, grid_n: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ACP's (lo, hi, delta) on the grid (grid_m, grid_n) (see ``triton_launch.acp_launch``)."""
-    return TL.acp_launch(q, k, log_fgate, sm_scale, mode, (grid_m, grid_n), delta, thr_value, gamma_q, gamma_k,
-                         log_eps)
+    return acp_tables_impl(q, k, log_fgate, sm_scale, mode, delta, thr_value, gamma_q, gamma_k, log_eps, grid_m,
+                           grid_n)
 
 
 @fox_acp_tables.register_fake
@@ -166,3 +177,98 @@ def eager(*tensors):
     """True for plain tensors outside torch.compile: there the ops' dispatch is skipped (``FoxEager``). Traced
     calls (dynamo, or FakeTensor / functional tensors of other tracers) take the custom ops."""
     return not torch.compiler.is_compiling() and all(type(t) is torch.Tensor for t in tensors)
+
+
+def attend(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, options):
+    """The one forward route: (B, Tq, H, D). Traced calls take the custom op ``fox_fwd``; eager calls
+    ``FoxEager``, or with nothing to differentiate ``fwd_impl`` alone (no autograd bookkeeping)."""
+    if not eager(q, k, v, log_fgate):
+        return fox_fwd(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, options.token)[0]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, log_fgate)):
+        return FoxEager.apply(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, options)[0]
+    return fwd_impl(q, k, v, log_fgate, kstart, kend, sm_scale, acp_lo, acp_hi, options)[0]
+
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def check_kernel_inputs(q, k, v, log_fgate):
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"q/k/v dtype must be one of float16, bfloat16, float32 for the kernel; got {q.dtype}")
+    if log_fgate.dtype != torch.float32:
+        raise ValueError(f"log_fgate must be float32 for the kernel; got {log_fgate.dtype}")
+    D = q.shape[-1]
+    if not 1 <= D <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim D={D} is not supported by the kernel (1 <= D <= {MAX_HEAD_DIM})")
+    devs = {t.device for t in (q, k, v, log_fgate)}
+    if len(devs) != 1:
+        raise ValueError(f"q, k, v, log_fgate must be on one device; got {sorted(map(str, devs))}")
+
+
+def row_bounds(q, k, cu_seqlens, seq_start):
+    """Per-query first visible key (B, Tq) and per-key last query position (B, Tk), int32, or None."""
+    B, Tq = q.shape[:2]
+    Tk = k.shape[1]
+    kstart = kend = None
+    if cu_seqlens is not None:
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int64)
+        pos = torch.arange(Tk, device=q.device)
+        doc = torch.bucketize(pos, cu[1:], right=True)  # (Tk,)
+        kstart = cu[doc][None, Tk - Tq:].to(torch.int32)  # (1, Tq)
+        kend = (cu[doc + 1] - 1)[None].to(torch.int32)  # (1, Tk)
+    if seq_start is not None:
+        st = seq_start.to(device=q.device, dtype=torch.int32)[:, None].expand(B, Tq)
+        kstart = st if kstart is None else torch.maximum(kstart, st)
+    if kstart is not None:
+        kstart = kstart.contiguous()
+    return kstart, kend
+
+
+def acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_norm_weights, options):
+    """Validate ACP's arguments and form its tables (``fox_acp_tables``) on the grid of ``options``: (lo, hi,
+    delta (B, H))."""
+    B, _, H, D = q.shape
+    kind = _acp.threshold_kind(adaptive_threshold, B, H, acp_eps)
+    delta, thr_value, gammas, mode = None, 0.0, (None, None), kind
+    if kind == "tensor":
+        delta = _acp.acp_threshold(q, k, sm_scale, adaptive_threshold)  # (B, H) fp32 on q's device
+    elif kind == "float":
+        thr_value = float(adaptive_threshold)
+    elif qk_norm_weights is not None:
+        _acp.check_qk_norm_weights(qk_norm_weights, H, k.shape[2], D)
+        gammas, mode = tuple(g.detach().to(q.device) for g in qk_norm_weights), "weights"
+    else:
+        mode = "norms"
+    GM, GN = _acp.grid(D, options.acp_grid)
+    log_eps = math.log(acp_eps) if kind == "auto" else 0.0
+    args = (q.detach(), k.detach(), log_fgate.detach(), sm_scale, mode, delta, thr_value, *gammas, log_eps, GM, GN)
+    return acp_tables_impl(*args) if eager(q, k, log_fgate) else fox_acp_tables(*args)
+
+
+def forgetting_attention_triton(q, k, v, log_fgate, *, sm_scale=None, cu_seqlens=None, seq_start=None,
+                                adaptive_threshold=None, return_stats=False, acp_eps=_acp.DEFAULT_EPS,
+                                qk_norm_weights=None, options):
+    """The kernel path, on any device (a CPU needs ``TRITON_INTERPRET=1`` before triton is imported)."""
+    check_inputs(q, k, v, log_fgate, cu_seqlens, seq_start)
+    check_kernel_inputs(q, k, v, log_fgate)
+    D = q.shape[-1]
+    sm_scale = 1.0 / math.sqrt(D) if sm_scale is None else float(sm_scale)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    log_fgate = log_fgate.contiguous()
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        # within one batch element the kernels index rows with int32 (batch and head offsets are int64)
+        if t.shape[1] * t.stride(1) >= 2**31:
+            raise ValueError(f"{name}: seq_len * H * D = {t.shape[1] * t.stride(1)} elements per batch element "
+                             f"exceeds the kernel's int32 row indexing (< 2^31); split the heads into several calls")
+    kstart, kend = row_bounds(q, k, cu_seqlens, seq_start)
+    tables = (None, None)
+    if adaptive_threshold is not None:
+        tables = acp_tables_for(q, k, log_fgate, sm_scale, adaptive_threshold, acp_eps, qk_norm_weights,
+                                options)[:2]
+    o = attend(q, k, v, log_fgate, kstart, kend, sm_scale, *tables, options)
+    if return_stats:
+        bm, bn = fwd_tiles(q, k, v, kstart, options)
+        grid = _acp.grid(D, options.acp_grid)
+        lo = None if tables[0] is None else _acp.lo_for_tiling(tables[0], q.shape[1], *grid, bm, bn)
+        return o, _acp.tile_stats(log_fgate, None, q.shape[1], bm, bn, lo=lo)
+    return o
