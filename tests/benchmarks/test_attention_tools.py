@@ -170,7 +170,7 @@ def test_ab_expect_equal_fails_on_different_outputs(tmp_path):
     other = tmp_path / "other"
     shutil.copytree(ROOT / "forgetting_transformer", other / "forgetting_transformer",
                     ignore=shutil.ignore_patterns("__pycache__"))
-    init = other / "forgetting_transformer" / "ops" / "__init__.py"
+    init = other / "forgetting_transformer" / "ops" / "forgetting_attention" / "__init__.py"
     init.write_text(init.read_text() + "\n\n_fa = forgetting_attention\n\n\n"
                     "def forgetting_attention(*a, **kw):\n    return 2 * _fa(*a, **kw)\n")
     r = tool("ab", ROOT, other, "--shapes", "tiny", "--cases", "acp", "--rounds", "1", "--expect-equal", timeout=300)
@@ -194,7 +194,7 @@ def test_ab_exports_a_git_revision():
     if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("not a git checkout: revisions cannot be exported")
     path, label = ab.resolve_side("HEAD")
-    assert (Path(path) / "forgetting_transformer" / "ops" / "forgetting_attention.py").is_file()
+    assert (Path(path) / "forgetting_transformer" / "ops" / "forgetting_attention" / "__init__.py").is_file()
     assert label.startswith("HEAD (") and Path(path) != ROOT
 
 

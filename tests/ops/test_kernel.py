@@ -226,9 +226,10 @@ def test_custom_op_opcheck():
 def test_torch_compile_no_graph_break(acp):
     """The op (with ACP: also the boundary-table op) traces into one graph; gradients equal eager's."""
     q, k, v, lf = make(1, 16, 16, 2, 2, 16)
+    kernels = on("triton")  # (formed outside the compiled function, as a caller would)
 
     def f(q, k, v, lf):
-        return forgetting_attention(q * 2.0, k, v, lf, options=on("triton"), **acp).square().sum()
+        return forgetting_attention(q * 2.0, k, v, lf, options=kernels, **acp).square().sum()
 
     xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
     torch.compile(f, backend="aot_eager", fullgraph=True)(*xs).backward()
@@ -275,7 +276,8 @@ def test_compiled_graphs_hold_the_custom_ops():
 
     q, k, v, lf = make(1, 16, 16, 2, 2, 16)
     xs = [t.clone().requires_grad_() for t in (q, k, v, lf)]
-    f = torch.compile(lambda *x: forgetting_attention(*x, options=on("triton"), adaptive_threshold="auto").sum(),
+    kernels = on("triton")
+    f = torch.compile(lambda *x: forgetting_attention(*x, options=kernels, adaptive_threshold="auto").sum(),
                       backend=backend, fullgraph=True)
     f(*xs).backward()
     assert "fox_acp_tables" in graphs["fwd"] and "fox_fwd" in graphs["fwd"], graphs["fwd"]
