@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from eval.tables import mark, rank_marks, tex_escape
+from forgetting_transformer.markdown import table
 
 # Table 3 columns: (header, model-config switch)
 SWITCHES = [("RoPE", "rope"), ("Forget gate", "fgate"), ("QK-norm", "qk_norm"), ("Output gate", "output_gate"),
@@ -122,7 +123,7 @@ def render_table3(rows: list[dict], *, latex: bool = False) -> str:
             ticks = [r"\checkmark" if t == "✓" else t for t in ticks]
             body.append(" & ".join([tex_escape(r["label"])] + ticks + [mark(ppl, rank, True)]) + r" \\")
         else:
-            body.append("| " + " | ".join([r["label"]] + ticks + [mark(ppl, rank, False)]) + " |")
+            body.append([r["label"]] + ticks + [mark(ppl, rank, False)])
     if latex:
         head = " & ".join(headers).replace("↓", r"$\downarrow$") + r" \\"
         return "\n".join([r"\begin{tabular}{l" + "c" * (len(headers) - 1) + "}", r"\toprule", head, r"\midrule",
@@ -131,5 +132,4 @@ def render_table3(rows: list[dict], *, latex: bool = False) -> str:
     note = (f"Perplexity: exp of the mean held-out loss per token over sequences of "
             f"{' / '.join(f'{n:,}' for n in lengths)} tokens{' (differs between rows)' if len(lengths) > 1 else ''}"
             f"; best in bold, second underlined.")
-    return "\n".join(["| " + " | ".join(headers) + " |", "|---|" + ":---:|" * len(SWITCHES) + "---:|", *body,
-                      "", note])
+    return table(headers, body, "l" + "c" * len(SWITCHES) + "r") + "\n\n" + note

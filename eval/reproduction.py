@@ -17,10 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from forgetting_transformer.markdown import table
 from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, ROW_BANDS, RunResult, alone,
                                        band_cells, bands_of, baseline_pick, by_seed, claim2_runs, compared,
                                        display_name, fmt, interval_text,
-                                       load_results, paired, paired_interval, picks, primary, row_band_diffs, table,
+                                       load_results, paired, paired_interval, picks, primary, row_band_diffs,
                                        verdict)
 from eval.reproduction_verdicts import verdicts
 

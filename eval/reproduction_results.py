@@ -89,12 +89,6 @@ def load_results(out) -> list[RunResult]:
     return [r for d in sorted(runs_dir.iterdir()) if (r := _read_run(d)) is not None]
 
 
-def table(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
-    align = align or "l" + "r" * (len(headers) - 1)
-    sep = "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"
-    return "\n".join(["| " + " | ".join(headers) + " |", sep, *("| " + " | ".join(r) + " |" for r in rows)])
-
-
 def fmt(x: float | None, digits: int = 4) -> str:
     if x is None:
         return "–"

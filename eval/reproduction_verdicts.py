@@ -11,10 +11,11 @@ import math
 
 import numpy as np
 
+from forgetting_transformer.markdown import table
 from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, alone, bands_of, baseline_pick,
                                        by_seed, claim2_runs, compared, display_name, llama_pick, paired,
                                        paired_interval, picks, primary,
-                                       row_band_diffs, table, verdict)
+                                       row_band_diffs, verdict)
 
 PAPER_PPL = {"Pro": (6.62, 6.82), "LLaMA": (7.25, 7.49)}  # FoX paper, Table 3: (FoX, Transformer) at 360M
 GLOBAL_PRUNED = 0.10  # a head with at most this share of its tiles pruned counts as global (claim 5)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from forgetting_transformer.inference import PagedKVCache, Sampler, generate
 from forgetting_transformer.inference.cache import DecodeLayer
 from forgetting_transformer.inference.generate import Decoder
+from forgetting_transformer.markdown import table as markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -141,9 +142,7 @@ def table(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
     def fmt(v):
         return f"{v:.3g}" if isinstance(v, float) else str(v)
 
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(list(columns), [[fmt(r[c]) for c in columns] for r in rows], "l" * len(columns))
 
 
 def write(path: Path, text: str, argv: list[str], device: torch.device, title: str = "Generation benchmark",

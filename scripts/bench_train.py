@@ -33,6 +33,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from forgetting_transformer.config import register_configs, validate
+from forgetting_transformer.markdown import table
 from forgetting_transformer.models import build_model, resolve_heads
 from forgetting_transformer.training.distributed import init_distributed, mean_across_ranks, shutdown
 from forgetting_transformer.training.evaluate import autocast_context
@@ -158,12 +159,10 @@ def main(argv=None) -> None:
                 f"Python {platform.python_version()}; strategy {a.strategy}, AC {a.ac}, compile {a.compile}, "
                 f"seq_len {a.seq_len}, micro-batch {a.micro_batch}/GPU, bf16 ({rows[0]['precision']}), "
                 f"{a.steps} timed steps")
-        lines = [head, "", "| model | size | attention | tokens/s | tokens/s/GPU | TFLOP/s/GPU | MFU | peak mem GiB |",
-                 "|---|---|---|---:|---:|---:|---:|---:|"]
-        for r in rows:
-            lines.append(f"| {r['model']} | {r['size']} | {r['attention']} | {r['tok_s']:,.0f} | "
-                         f"{r['tok_s_dev']:,.0f} | {r['tflops']:.0f} | {100 * r['mfu']:.1f}% | {r['mem']:.1f} |")
-        text = "\n".join(lines)
+        cells = [[r["model"], r["size"], r["attention"], f"{r['tok_s']:,.0f}", f"{r['tok_s_dev']:,.0f}",
+                  f"{r['tflops']:.0f}", f"{100 * r['mfu']:.1f}%", f"{r['mem']:.1f}"] for r in rows]
+        text = head + "\n\n" + table(["model", "size", "attention", "tokens/s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU",
+                                       "peak mem GiB"], cells, "lllrrrrr")
         print(text)
         if a.write:
             with a.write.open("a") as f:

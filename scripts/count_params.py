@@ -19,6 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from forgetting_transformer.config import register_configs, validate
+from forgetting_transformer.markdown import table as markdown_table
 from forgetting_transformer.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,13 +44,13 @@ def count(model_name: str, size: str, overrides=()) -> tuple[int, int]:
 
 
 def table() -> str:
-    lines = ["| model | size | non-embedding | total | vs nominal |", "|---|---|---:|---:|---:|"]
+    rows = []
     for size, nominal in SIZES.items():
         for name in MODELS + BASELINES:
             non_emb, total = count(name, size)
-            lines.append(f"| {name} | {size} | {non_emb / 1e6:.1f}M | {total / 1e6:.1f}M | "
-                         f"{100 * (non_emb / nominal - 1):+.1f}% |")
-    return "\n".join(lines)
+            rows.append([name, size, f"{non_emb / 1e6:.1f}M", f"{total / 1e6:.1f}M",
+                         f"{100 * (non_emb / nominal - 1):+.1f}%"])
+    return markdown_table(["model", "size", "non-embedding", "total", "vs nominal"], rows, "llrrr")
 
 
 def main(argv=None) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = "forgetting_transformer"
 # layer of each part of the package; an import may only point to a lower layer or within its own part
-LAYERS = {"ops": 0, "data": 0, "plotting": 0, "config": 1, "models": 1, "training": 2, "inference": 2, "hf": 3}
+LAYERS = {"ops": 0, "data": 0, "plotting": 0, "markdown": 0, "config": 1, "models": 1, "training": 2, "inference": 2,
+          "hf": 3}
 # above the package (its root module, which imports nothing of it, at 4): the evaluations and tools, then the
 # scripts and train.py; nothing in the package imports these
 TOP = {"eval": 5, "benchmarks": 5, "hydra_plugins": 5, "scripts": 6, "train": 6}

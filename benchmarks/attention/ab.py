@@ -93,8 +93,10 @@ def run_worker(cmd: list[str], env: dict) -> dict:
 def summarize(labels: tuple[str, str], runs: tuple[list[dict], list[dict]], unit: str) -> list[str]:
     """Markdown rows: per timed row (of either side), each side's median and min-max over the rounds, and A's
     median / B's ("-" for a row one side did not time, e.g. a kernel only one version launches)."""
+    from forgetting_transformer import markdown as md  # (here: a worker imports its own side's package)
+
     rows = list(dict.fromkeys(row for side in runs for r in side for row in r["times"]))
-    head = [f"| row | {labels[0]} {unit} | {labels[1]} {unit} | A/B (> 1: B faster) |", "| --- | ---: | ---: | ---: |"]
+    head = md.header(["row", f"{labels[0]} {unit}", f"{labels[1]} {unit}", "A/B (> 1: B faster)"]).split("\n")
     out = []
     for row in rows:
         meds, cells = [], []
@@ -103,7 +105,7 @@ def summarize(labels: tuple[str, str], runs: tuple[list[dict], list[dict]], unit
             meds.append(statistics.median(ts) if ts else None)
             cells.append(f"{meds[-1]:.4g} ({min(ts):.4g}-{max(ts):.4g})" if ts else "-")
         ratio = f"{meds[0] / meds[1]:.3f}" if None not in meds and meds[1] > 0 else "-"
-        out.append(f"| {row} | {cells[0]} | {cells[1]} | {ratio} |")
+        out.append(md.row([row, *cells, ratio]))
     return head + out
 
 

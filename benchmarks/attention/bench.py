@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from benchmarks.attention.common import (HEAD_MIXES, SHAPES, acp_inputs, acp_op, bench, bench_graph, dense_op,
                                          environment, flops_fwd, graph_time, make_inputs, print_profile,
                                          rounds_arg, shapes_arg, write_markdown)
+from forgetting_transformer import markdown as md
 
 
 def method_sdpa(backend):
@@ -88,8 +89,8 @@ def bench_peers(shapes, flex=True, fla=True):
             fns[name] = mk()
         except Exception as e:  # noqa: BLE001 (a peer that is not installed is skipped, by name)
             print(f"[skip] {name}: {type(e).__name__}: {e}", flush=True)
-    lines = ["| shape (B,T,H,D) | method | fwd ms | fwd TFLOP/s | fwd ratio | fwd+bwd ms | fwd+bwd TFLOP/s | "
-             "fwd+bwd ratio |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [md.header(["shape (B,T,H,D)", "method", "fwd ms", "fwd TFLOP/s", "fwd ratio", "fwd+bwd ms",
+                        "fwd+bwd TFLOP/s", "fwd+bwd ratio"], "llrrrrrr")]
     for sname in shapes:
         B, T, H, D = SHAPES[sname]
         inputs = make_inputs(B, T, H, D)
@@ -109,9 +110,9 @@ def bench_peers(shapes, flex=True, fla=True):
         ref = {bwd: res.get(("sdpa_flash", bwd), float("nan")) for bwd in (False, True)}
         for name in fns:
             f_ms, b_ms = res[(name, False)], res[(name, True)]
-            lines.append(f"| {sname} {(B, T, H, D)} | {name} | {f_ms:.3f} | {ff / f_ms / 1e9:.1f} | "
-                         f"{ref[False] / f_ms:.2f} | {b_ms:.3f} | {3.5 * ff / b_ms / 1e9:.1f} | "
-                         f"{ref[True] / b_ms:.2f} |")
+            lines.append(md.row([f"{sname} {(B, T, H, D)}", name, f"{f_ms:.3f}", f"{ff / f_ms / 1e9:.1f}",
+                                 f"{ref[False] / f_ms:.2f}", f"{b_ms:.3f}", f"{3.5 * ff / b_ms / 1e9:.1f}",
+                                 f"{ref[True] / b_ms:.2f}"]))
         torch.cuda.empty_cache()
     return lines
 
@@ -139,22 +140,22 @@ def bench_acp(shapes, profile_acp=False, rounds=3):
         tables = [lambda ws=ws: launchers.acp_tables(q, k, lf, qk_norm_weights=ws) for ws in ((w, w), None)]
         prep = [triton.testing.do_bench(t, warmup=25, rep=100, return_mode="median") for t in tables]
         prep_graph = [graph_time(t) * 1e3 for t in tables]
-        prep_lines.append(f"| {sname} | {prep[0]:.3f} | {prep[1]:.3f} | {prep_graph[0]:.1f} | {prep_graph[1]:.1f} |")
+        prep_lines.append(md.row([sname, f"{prep[0]:.3f}", f"{prep[1]:.3f}", f"{prep_graph[0]:.1f}",
+                                  f"{prep_graph[1]:.1f}"]))
         if profile_acp:
             print_profile(acp, (q, k, v, lf), f"{sname} ACP fwd+bwd")
-        rows.append(f"| {sname} {(B, T, H, D)} | {res[0]:.3f} | {res[1]:.3f} | {res[2]:.3f} | {res[3]:.3f} | "
-                    f"{res[0] / res[2]:.2f}x | {res[1] / res[3]:.2f}x | {gr[0] / gr[2]:.2f}x | {gr[1] / gr[3]:.2f}x | "
-                    f"{tiles:.2f}x |")
+        rows.append(md.row([f"{sname} {(B, T, H, D)}", *(f"{x:.3f}" for x in res), f"{res[0] / res[2]:.2f}x",
+                            f"{res[1] / res[3]:.2f}x", f"{gr[0] / gr[2]:.2f}x", f"{gr[1] / gr[3]:.2f}x",
+                            f"{tiles:.2f}x"]))
         print(rows[-1], flush=True)
     return [
         "", f"ACP, half the heads local: eager ms (medians of {rounds} rounds alternating dense and ACP), and the "
         "speedups eager and replayed from a CUDA graph (GPU time).", "",
-        "| shape (B,T,H,D) | dense fwd ms | dense fwd+bwd ms | ACP fwd ms | ACP fwd+bwd ms | fwd speedup | "
-        "fwd+bwd speedup | CUDA graph fwd speedup | CUDA graph fwd+bwd speedup | tile bound |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |", *rows,
+        md.header(["shape (B,T,H,D)", "dense fwd ms", "dense fwd+bwd ms", "ACP fwd ms", "ACP fwd+bwd ms", "fwd speedup",
+                   "fwd+bwd speedup", "CUDA graph fwd speedup", "CUDA graph fwd+bwd speedup", "tile bound"]), *rows,
         "", "ACP's threshold + tables per call:", "",
-        "| shape | eager ms, from QK-norm weights | eager ms, from the q / k norms | CUDA graph us, weights | "
-        "CUDA graph us, norms |", "| --- | ---: | ---: | ---: | ---: |", *prep_lines,
+        md.header(["shape", "eager ms, from QK-norm weights", "eager ms, from the q / k norms",
+                   "CUDA graph us, weights", "CUDA graph us, norms"]), *prep_lines,
     ]
 
 

@@ -40,6 +40,7 @@ from benchmarks.attention import ncu as ncu_report
 from benchmarks.attention.common import (HEAD_MIXES, SHAPES, acp_inputs, acp_op, bench, bench_graph, capture_graph,
                                          dense_op, graph_time, host_times, kernel_us, make_inputs, make_step,
                                          print_profile, replay_time, rounds_arg, shapes_arg)
+from forgetting_transformer import markdown as md
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -67,8 +68,7 @@ def kernels(shapes):
 
     from forgetting_transformer.ops.forgetting_attention import stages as L
 
-    print("| shape | mix | kernel | dense ms | ACP ms | dense / ACP |")
-    print("| --- | --- | --- | ---: | ---: | ---: |")
+    print(md.header(["shape", "mix", "kernel", "dense ms", "ACP ms", "dense / ACP"], "lllrrr"))
     for s in shapes:
         B, T, H, D = SHAPES[s]
         for mix, local in HEAD_MIXES.items():
@@ -88,8 +88,8 @@ def kernels(shapes):
             tables_ms = graph_time(lambda: L.acp_tables(q, k, lf, qk_norm_weights=(w, w)))
             for kind in ("fwd", "dq", "dkdv"):
                 d, a = res[("dense", kind)], res[("acp", kind)]
-                print(f"| {s} | {mix} | {kind} | {d:.4f} | {a:.4f} | {d / a:.3f}x |", flush=True)
-            print(f"| {s} | {mix} | ACP tables | | {tables_ms:.4f} | |", flush=True)
+                print(md.row([s, mix, kind, f"{d:.4f}", f"{a:.4f}", f"{d / a:.3f}x"]), flush=True)
+            print(md.row([s, mix, "ACP tables", "", f"{tables_ms:.4f}", ""]), flush=True)
 
 
 def tile_bound(lo, lf, T, bm, bn, grid):
@@ -116,9 +116,8 @@ def ceiling(shapes):
     dense / (sum kernel / bound + (dense - sum kernel) + tables). Also each kernel's ACP time against its bound."""
     from forgetting_transformer.ops.forgetting_attention import stages as L
 
-    print("| shape | dense ms | ACP ms | ACP speedup | kernel: dense us -> ACP us (speedup / tile bound) | rest us | "
-          "tables us | ceiling | share of the ceiling |")
-    print("| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+    print(md.header(["shape", "dense ms", "ACP ms", "ACP speedup", "kernel: dense us -> ACP us (speedup / tile bound)",
+                     "rest us", "tables us", "ceiling", "share of the ceiling"], "lrrrlrrrr"))
     for s in shapes:
         B, T, H, D = SHAPES[s]
         inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
@@ -137,8 +136,8 @@ def ceiling(shapes):
         ceil = dense_ms * 1e3 / (sum(t / bounds[n] for n, t in tiled.items()) + rest + tables)
         cells = "; ".join(f"{n.replace('_sm90_kernel', '')}: {t:.0f} -> {ka[n]:.0f} "
                           f"({t / ka[n]:.2f}x / {bounds[n]:.2f}x)" for n, t in tiled.items())
-        print(f"| {s} | {dense_ms:.3f} | {acp_ms:.3f} | {dense_ms / acp_ms:.2f}x | {cells} | {rest:.0f} | "
-              f"{tables:.0f} | {ceil:.2f}x | {dense_ms / acp_ms / ceil:.0%} |", flush=True)
+        print(md.row([s, f"{dense_ms:.3f}", f"{acp_ms:.3f}", f"{dense_ms / acp_ms:.2f}x", cells, f"{rest:.0f}",
+                      f"{tables:.0f}", f"{ceil:.2f}x", f"{dense_ms / acp_ms / ceil:.0%}"]), flush=True)
 
 
 def spread(shapes, repeats):
@@ -183,8 +182,8 @@ def boundaries(shapes, replays=10):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as tprofile
 
-    print("| shape | case | eager ms | CUDA graph ms | kernels | sum of kernel times us | span us | gaps us |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(md.header(["shape", "case", "eager ms", "CUDA graph ms", "kernels", "sum of kernel times us", "span us",
+                     "gaps us"], "llrrrrrr"))
     for s in shapes:
         B, T, H, D = SHAPES[s]
         inputs, w = acp_inputs(B, T, H, D, local_heads=HEAD_MIXES["mixed"](H))
@@ -205,8 +204,8 @@ def boundaries(shapes, replays=10):
                 rows.append((len(ks),) + replay_gaps(ks))
             n, tot, span = (statistics.median(r[i] for r in rows) for i in range(3))
             gaps = statistics.median(r[2] - r[1] for r in rows)
-            print(f"| {s} | {case} | {eager:.4f} | {graph_ms:.4f} | {n:.0f} | {tot:,.1f} | {span:,.1f} | {gaps:.1f} |",
-                  flush=True)
+            print(md.row([s, case, f"{eager:.4f}", f"{graph_ms:.4f}", f"{n:.0f}", f"{tot:,.1f}", f"{span:,.1f}",
+                          f"{gaps:.1f}"]), flush=True)
             del graph
 
 

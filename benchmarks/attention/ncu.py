@@ -22,6 +22,8 @@ import collections
 import csv
 import re
 
+from forgetting_transformer import markdown as md
+
 KERNELS = {"fwd": "fox_fwd_sm90", "fused": "fox_bwd_fused_sm90", "dq": "fox_bwd_dq_sm90", "dkdv": "fox_bwd_dkdv_sm90"}
 
 
@@ -92,14 +94,14 @@ def report(path):
     regs = regions(ins)
     consumer = sum(sum(x[2] for x in body) for name, body in regs if "tile loop" in name or "per item" in name) or 1
     lines = [f"{path}: {total} samples, {sum(x[3] for x in ins)} warp instructions executed",
-             "| region | samples | of consumers' | warp instructions | samples per iteration | top stalls |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
+             md.header(["region", "samples", "of consumers'", "warp instructions", "samples per iteration",
+                        "top stalls"], "lrrrrl")]
     for name, body in regs:
         s = sum(x[2] for x in body)
         m = re.search(r"\((\d+) warp iterations\)", name)
         per = f"{s / (int(m.group(1)) / 4):.3f}" if m and int(m.group(1)) else ""  # 4 warps per warpgroup
         cons = f"{s / consumer:.1%}" if ("tile loop" in name or "per item" in name) else ""
-        lines.append(f"| {name} | {s / total:.1%} | {cons} | {sum(x[3] for x in body)} | {per} | {top_stalls(body)} |")
+        lines.append(md.row([name, f"{s / total:.1%}", cons, sum(x[3] for x in body), per, top_stalls(body)]))
         if m:
             lines += path_rows(body, total, consumer)
     print("\n".join(lines), flush=True)
@@ -118,8 +120,8 @@ def path_rows(body, total, consumer):
     for execs, xs in sorted(groups.items(), key=lambda g: g[1][0][0]):
         s = sum(x[2] for x in xs)
         per = f"{s / (execs / 4):.3f}" if execs else ""
-        rows.append(f"| ↳ {len(xs)} instructions run {execs} times | {s / total:.1%} | {s / consumer:.1%} | "
-                    f"{execs * len(xs)} | {per} | {top_stalls(xs)} |")
+        rows.append(md.row([f"↳ {len(xs)} instructions run {execs} times", f"{s / total:.1%}", f"{s / consumer:.1%}",
+                            execs * len(xs), per, top_stalls(xs)]))
     return rows
 
 

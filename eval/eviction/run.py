@@ -26,6 +26,7 @@ from forgetting_transformer.data import read_rows
 from forgetting_transformer.data.longcrawl64 import open_token_array
 from forgetting_transformer.inference import generate
 from forgetting_transformer.inference.scoring import cached_loss
+from forgetting_transformer.markdown import table
 from forgetting_transformer.training.evaluate import spread_rows
 
 
@@ -99,15 +100,14 @@ def evaluate_run(run_dir, a) -> dict:
     return result
 
 
-def table(results: list[dict]) -> str:
+def results_table(results: list[dict]) -> str:
     cols = ["model", "loss_full", "loss_evicted", "loss_diff_max_abs", "kept_fraction", "kv_bytes_full",
             "kv_bytes_evicted", "identical_generations", "generations", "decode_ms_full", "decode_ms_evicted"]
 
     def fmt(v):
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    return "\n".join(lines + ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in results])
+    return table(cols, [[fmt(r[c]) for c in cols] for r in results], "l" * len(cols))
 
 
 def main(argv=None) -> list[dict]:
@@ -134,7 +134,7 @@ def main(argv=None) -> list[dict]:
         if a.out:
             a.out.mkdir(parents=True, exist_ok=True)
             (a.out / f"{Path(run).name}.json").write_text(json.dumps(results[-1], indent=1))
-    print(table(results))
+    print(results_table(results))
     return results
 
 

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from eval.tables import mark, rank_marks, tex_escape
+from forgetting_transformer.markdown import table as markdown_table
 
 # (header, task, metric, lower_is_better)
 COLUMNS = [
@@ -130,10 +131,8 @@ def render(files, *, latex: bool = False) -> str:
         lines += ["\\bottomrule", "\\end{tabular}"]
         lines += ["", "{\\footnotesize Note. " + tex_escape(" ".join(note)) + "}"] if note else []
         return "\n".join(lines)
-    lines = ["| Model | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
-    lines += [f"| {name} | " + " | ".join(c) + " |" for (name, _), c in zip(rows, cells)]
-    lines += ["", "Note. " + " ".join(note)] if note else []
-    return "\n".join(lines)
+    text = markdown_table(["Model", *headers], [[name, *c] for (name, _), c in zip(rows, cells)])
+    return text + ("\n\nNote. " + " ".join(note) if note else "")
 
 
 def main(argv=None) -> None:

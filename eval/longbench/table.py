@@ -17,6 +17,7 @@ from pathlib import Path
 
 from eval.longbench.run import SYNTHETIC_DATASETS, TABLE2_GROUPS
 from eval.tables import mark, rank_marks, tex_escape
+from forgetting_transformer.markdown import table
 
 LABELS = {
     "narrativeqa": "NarrativeQA", "qasper": "Qasper", "multifieldqa_en": "MFQA", "hotpotqa": "HotpotQA",
@@ -74,12 +75,11 @@ def markdown(rows, datasets=None, *, underline_second: bool = False) -> str:
     groups, matrix = layout(rows, datasets)
     cols = [d for _, ds in groups for d in ds]
     head = ["Model"] + [LABELS.get(d, d) for d in cols] + [AVG]
-    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
-    for (name, _), cells in zip(rows, _marked(matrix, underline_second, latex=False)):
-        lines.append("| " + " | ".join([name] + cells) + " |")
+    text = table(head, [[name] + cells for (name, _), cells in zip(rows, _marked(matrix, underline_second,
+                                                                                latex=False))])
     legend = "; ".join(f"{g}: {', '.join(LABELS.get(d, d) for d in ds)}" for g, ds in groups)
     marks = "Best of each column in bold" + (", second underlined" if underline_second else "")
-    return "\n".join(lines) + f"\n\nGroups — {legend}. {marks}.\n"
+    return text + f"\n\nGroups — {legend}. {marks}.\n"
 
 
 def latex(rows, datasets=None, *, underline_second: bool = False) -> str:

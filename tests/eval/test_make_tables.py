@@ -77,7 +77,7 @@ def test_table2_markdown_and_latex_exact(tmp_path):
     md = mt.main(["--table", "2", "--inputs", dirs[0], dirs[1] + "/scores.json", dirs[2]])
     assert md == "\n".join([
         "| Model | Qasper | TREC | Avg |",
-        "| --- | ---: | ---: | ---: |",
+        "|---|---:|---:|---:|",
         "| A | <u>10.00</u> | **60.00** | **35.00** |",  # Avg: a tie for best, both bold
         "| B | **20.00** | 50.00 | **35.00** |",
         "| C | 5.00 | <u>55.00</u> | <u>30.00</u> |",
