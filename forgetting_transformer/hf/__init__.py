@@ -295,6 +295,9 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: FoXConfig):
         super().__init__(config)
         self.model = DecoderLM(config.to_model_config())
+        # the data-dependent gates' projections: their bias is the gate's (ForgetGate below), not zero
+        self._gate_projections = {id(m.proj) for m in self.model.modules()
+                                  if isinstance(m, ForgetGate) and m.kind == "data_dependent"}
         self.post_init()
 
     @classmethod
@@ -371,11 +374,13 @@ class FoXForCausalLM(PreTrainedModel, GenerationMixin):
         # (its init functions skip loaded tensors).
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d)):
             init.normal_(module.weight, mean=0.0, std=self.config.init_std)
-            if getattr(module, "bias", None) is not None:
+            # a gate projection's bias is left to its ForgetGate: an init function leaves a tensor another one
+            # has set, so zeroing it here (children come first) would win over the decay init
+            if getattr(module, "bias", None) is not None and id(module) not in self._gate_projections:
                 init.zeros_(module.bias)
         elif isinstance(module, RMSNorm):
             init.ones_(module.weight)
-        elif isinstance(module, ForgetGate):  # after its proj (children first): the gate bias init wins
+        elif isinstance(module, ForgetGate):
             bias = module.proj.bias if module.kind == "data_dependent" else module.bias
             if module.init_range is None:
                 init.zeros_(bias)

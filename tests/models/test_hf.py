@@ -90,13 +90,17 @@ def test_state_dict_maps_one_to_one_onto_decoder_lm():
         assert torch.equal(hf(x).logits, dec(x))
 
 
-def test_fresh_model_follows_the_decoder_init_scheme():
+@pytest.mark.parametrize("fgate", ["data_independent", "data_dependent", "fixed"])
+def test_fresh_model_follows_the_decoder_init_scheme(fgate):
     torch.manual_seed(0)
     hf = FoXForCausalLM(FoXConfig(**{**SMALL, "d_model": 256, "head_dim": 64, "vocab_size": 1000},
-                                  fgate="data_independent", fgate_init=[2, 64], qk_norm=True))
+                                  fgate=fgate, fgate_init=[2, 64], qk_norm=True, output_gate=True))
     attn = hf.model.blocks[0].attn
     assert abs(hf.model.blocks[0].mlp.w_up.weight.std().item() - 0.02) < 0.001
-    torch.testing.assert_close(attn.fgate.bias.data, decay_bias_init(4, 2, 64).float())
+    bias = attn.fgate.proj.bias if fgate == "data_dependent" else attn.fgate.bias
+    torch.testing.assert_close(bias.data, decay_bias_init(4, 2, 64).float())  # the gate's bias, not zero
+    if fgate == "data_dependent":
+        assert abs(attn.fgate.proj.weight.std().item() - 0.02) < 0.002
     assert (attn.q_norm.weight == 1).all() and (hf.model.norm.weight == 1).all()
     dd = FoXForCausalLM(FoXConfig(**SMALL)).model.blocks[0].attn.fgate.proj.bias
     assert (dd == 0).all()
