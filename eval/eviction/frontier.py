@@ -172,6 +172,12 @@ def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, progress: 
     start = time.monotonic()
     prefix = prefill_prefix(model, prompt, statistics=stats, max_len=P + max(C, N), block_size=a.block_size)
     print(f"  prompt {P}: prefilled and scored in {time.monotonic() - start:.1f} s", flush=True)
+    for policy in policies:  # a --kv-mib budget below one position per row, named before any scoring
+        if getattr(policy, "kv_bytes", None) is not None:
+            try:
+                policy.count(prefix)
+            except ValueError as e:
+                raise ValueError(f"--kv-mib {policy.kv_bytes / MIB:g}: {e}") from None
     everything = keep_all(prefix)
     loss_full = float(continuation_loss(prefix, everything, cont, labels, chunk=a.chunk).double().mean())
     greedy_full = greedy_tokens(prefix, everything, N)  # (1, N)

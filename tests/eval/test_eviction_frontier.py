@@ -92,6 +92,8 @@ def test_frontier_end_to_end(tiny_hf, tmp_path, capsys):
     (["--acp-eps", "1"], "--acp-eps: 1 is outside (0, 1)"),
     (["--text-file", "/nonexistent/book.txt"], "--text-file: /nonexistent/book.txt not found"),
     (["--lengths", "5000"], "+ --continuation (1024) + 1 need 6025"),
+    (["--lengths", "64", "--continuation", "8", "--new-tokens", "2", "--policies", "streaming", "--kv-mib", "0.000001"],
+     "holds no position"),
 ])
 def test_bad_input_is_one_line_naming_the_flag(tiny_hf, tmp_path, capsys, args, message):
     model_dir, text = tiny_hf
@@ -102,6 +104,7 @@ def test_bad_input_is_one_line_naming_the_flag(tiny_hf, tmp_path, capsys, args, 
     err = capsys.readouterr().err  # (transformers' "Loading weights" bar when the model loads)
     assert e.value.code == 2 and "Traceback" not in err, err
     assert err.splitlines()[-1].startswith("error: ") and message in err.splitlines()[-1], err
+    assert "--kv-mib" in err.splitlines()[-1] or "--kv-mib" not in args  # the flag named, not the policy's field
 
 
 def test_acp_asks_for_a_gate_and_for_qk_norm_or_a_threshold():
