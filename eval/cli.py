@@ -27,6 +27,23 @@ def run_cli(main, argv=None):
         sys.exit(2)
 
 
+def parse_list(text: str, flag: str, kind, ok, rule: str, *, unique: bool = False) -> list:
+    """Comma-separated values of ``kind`` (int or float, or a parser raising ValueError) inside ``rule`` (``ok`` says
+    which; ``unique``: none twice); else a ValueError naming ``flag`` and the value."""
+    values = []
+    for item in (i.strip() for i in text.split(",")):
+        try:
+            value = kind(item)
+        except ValueError:
+            raise ValueError(f"{flag}: {item!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not ok(value):
+            raise ValueError(f"{flag}: {item} is outside {rule}")
+        if unique and value in values:
+            raise ValueError(f"{flag}: {item} is listed twice")
+        values.append(value)
+    return values
+
+
 def positive_int(text: str) -> int:
     """An argparse ``type``: an integer >= 1 (argparse names the flag in its error)."""
     try:

@@ -21,28 +21,13 @@ from pathlib import Path
 import torch
 from matplotlib.ticker import NullFormatter
 
-from eval.cli import positive_int
+from eval.cli import parse_list, positive_int
 from eval.plotting import plt, save_figure
 from forgetting_transformer.inference.policies import (POLICIES, Acp, continuation_loss, greedy_tokens, keep_all,
                                                        prefill_prefix)
+from forgetting_transformer.training.progress import Progress, heartbeat
 
 MIB = 1 << 20
-PROGRESS_SECONDS = 10.0
-
-
-def parse_list(text: str, flag: str, kind, ok, rule: str) -> list:
-    """Comma-separated values of ``kind`` (int or float) inside ``rule`` (``ok`` says which); else a ValueError
-    naming ``flag`` and the value."""
-    values = []
-    for item in (i.strip() for i in text.split(",")):
-        try:
-            value = kind(item)
-        except ValueError:
-            raise ValueError(f"{flag}: {item!r} is not {'an integer' if kind is int else 'a number'}") from None
-        if not ok(value):
-            raise ValueError(f"{flag}: {item} is outside {rule}")
-        values.append(value)
-    return values
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -149,22 +134,7 @@ def acp_policies(lists: dict, cfg, name: str) -> list:
     return [Acp(eps=e) for e in eps] + [Acp(threshold=t) for t in lists["thresholds"]]
 
 
-class Progress:
-    """A line when at least PROGRESS_SECONDS have passed since the last one."""
-
-    def __init__(self, total: int):
-        self.total, self.done = total, 0
-        self.start = self.last = time.monotonic()
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        now = time.monotonic()
-        if now - self.last >= PROGRESS_SECONDS:
-            print(f"  {self.done}/{self.total} points ({what}), {now - self.start:.0f} s", flush=True)
-            self.last = now
-
-
-def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, progress: Progress):
+def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, bar: Progress):
     """The full cache and every policy's point at prompt length P; ``ids`` (1, >= P + continuation + 1)."""
     C, N = a.continuation, a.new_tokens
     prompt, cont, labels = ids[:, :P], ids[:, P:P + C], ids[:, P + 1:P + C + 1]
@@ -185,6 +155,7 @@ def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, progress: 
             "greedy_tokens": greedy_full[0].tolist()}
     points = []
     for policy in policies:
+        bar.working_on(f"prompt {P}, {policy.name}")
         selection = policy.select(prefix)
         loss = float(continuation_loss(prefix, selection, cont, labels, chunk=a.chunk).double().mean())
         same = (greedy_tokens(prefix, selection, N, forced=greedy_full) == greedy_full)[0]  # (N,)
@@ -192,7 +163,7 @@ def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, progress: 
                        "kv_mib": selection.kv_bytes(prefix) / MIB, "loss": loss, "loss_diff": loss - loss_full,
                        "greedy_agreement": float(same.double().mean()),
                        "greedy_identical_prefix": N if bool(same.all()) else int((~same).int().argmax())})
-        progress.step(f"prompt {P}, {policy.name}")
+        bar.update(1)
     return full, points
 
 
@@ -245,14 +216,15 @@ def main(argv=None) -> dict:
               "device": torch.cuda.get_device_name(a.device) if "cuda" in a.device else "cpu",
               "continuation": a.continuation, "new_tokens": a.new_tokens, "chunk": a.chunk,
               "block_size": a.block_size, "full": [], "points": []}
-    progress = Progress(len(policies) * len(lists["lengths"]))
-    for P in lists["lengths"]:
-        full, points = sweep_length(model, ids, P, policies, a, progress)
-        result["full"].append(full)
-        result["points"] += points
-        print(f"  prompt {P}: full cache {full['kv_mib']:.4g} MiB, loss {full['loss']:.4f}", flush=True)
-    a.out.mkdir(parents=True, exist_ok=True)
     stem = Path(a.model).resolve().name
+    with Progress(len(policies) * len(lists["lengths"]), f"eviction frontier {stem}", "point") as bar, \
+            heartbeat(bar):
+        for P in lists["lengths"]:
+            full, points = sweep_length(model, ids, P, policies, a, bar)
+            result["full"].append(full)
+            result["points"] += points
+            print(f"  prompt {P}: full cache {full['kv_mib']:.4g} MiB, loss {full['loss']:.4f}", flush=True)
+    a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     png = plot(result, a.out / f"{stem}.png")
     print(f"wrote {a.out / f'{stem}.json'} and {png}")

@@ -44,6 +44,34 @@ def _fmt_len(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+def heatmap(ax, grid, lengths: list[int], depths: list, *, cmap, vmin: float, vmax: float, cell_text=None):
+    """``grid`` (depths, lengths) as an image with white cell borders, x = context length, y = depth; ``cell_text(i,
+    j)`` writes each finite cell (None: no numbers). Returns the image, for the colour bar."""
+    im = ax.imshow(grid, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(len(lengths)), [_fmt_len(x) for x in lengths], rotation=45)
+    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+    ax.set_xticks(np.arange(len(lengths) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(depths) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.0)
+    ax.tick_params(which="minor", length=0)
+    if cell_text is not None:
+        for i in range(len(depths)):
+            for j in range(len(lengths)):
+                if np.isfinite(grid[i, j]):
+                    ax.text(j, i, cell_text(i, j), ha="center", va="center", fontsize=7, color="black")
+    ax.set_xlabel("context length (tokens)")
+    return im
+
+
+def mark_train_len(ax, lengths: list[int], train_len: int | None) -> None:
+    """A dashed line right of the last length within training, when the grid extends beyond it."""
+    if train_len and lengths[0] <= train_len < lengths[-1]:
+        x = sum(L <= train_len for L in lengths) - 0.5
+        ax.axvline(x, color="black", linestyle="--", linewidth=2)
+        ax.annotate(f"train len {_fmt_len(train_len)}", (x, 0), xycoords=("data", "axes fraction"),
+                    xytext=(3, 3), textcoords="offset points", fontsize=8)
+
+
 def plot_niah(result_files, out_png, *, annotate: bool = True) -> Path:
     results = [json.loads(Path(f).read_text()) for f in result_files]
     if not results:
@@ -53,27 +81,11 @@ def plot_niah(result_files, out_png, *, annotate: bool = True) -> Path:
     im = None
     for ax, res in zip(axes[0], results):
         lengths, depths, grid = score_grid(res)
-        im = ax.imshow(grid, cmap=CMAP, vmin=1, vmax=10, aspect="auto", interpolation="nearest")
-        ax.set_xticks(range(len(lengths)), [_fmt_len(x) for x in lengths], rotation=45)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-        ax.set_xticks(np.arange(len(lengths) + 1) - 0.5, minor=True)
-        ax.set_yticks(np.arange(len(depths) + 1) - 0.5, minor=True)
-        ax.grid(which="minor", color="white", linewidth=1.0)
-        ax.tick_params(which="minor", length=0)
-        if annotate:
-            for i in range(len(depths)):
-                for j in range(len(lengths)):
-                    if np.isfinite(grid[i, j]):
-                        ax.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", fontsize=7, color="black")
-        train_len = res.get("train_len")
-        if train_len and lengths[0] <= train_len < lengths[-1]:
-            x = sum(L <= train_len for L in lengths) - 0.5  # boundary right of the last length within training
-            ax.axvline(x, color="black", linestyle="--", linewidth=2)
-            ax.annotate(f"train len {_fmt_len(train_len)}", (x, 0), xycoords=("data", "axes fraction"),
-                        xytext=(3, 3), textcoords="offset points", fontsize=8)
+        im = heatmap(ax, grid, lengths, depths, cmap=CMAP, vmin=1, vmax=10,
+                     cell_text=(lambda i, j: f"{grid[i, j]:.1f}") if annotate else None)
+        mark_train_len(ax, lengths, res.get("train_len"))
         mean = float(np.mean([e["score"] for e in res["results"]]))
         ax.set_title(f"{res['name']}, {res.get('mode', 'standard')}\naverage score {mean:.2f} of 1–10")
-        ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth (%)")
     scales = dict.fromkeys(res.get("scale") or OLD_SCALES[bool(res.get("judge"))] for res in results)
     label = "score " + "\n".join(scales).replace(" (", "\n(")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.niah.plot import CMAP, _fmt_len
+from eval.niah.plot import CMAP, heatmap, mark_train_len
 from eval.plotting import plt, save_figure
 
 PROBES = ("needle_gain", "passkey")
@@ -37,35 +37,18 @@ def cell_grid(cells: list[dict], field: str):
     return lengths, depths, grid
 
 
-def _mark_train_len(ax, lengths: list[int], train_len: int | None) -> None:
-    """A dashed line right of the last length within training, when the grid extends beyond it."""
-    if train_len and lengths[0] <= train_len < lengths[-1]:
-        x = sum(L <= train_len for L in lengths) - 0.5
-        ax.axvline(x, color="black", linestyle="--", linewidth=2)
-        ax.annotate(f"train len {_fmt_len(train_len)}", (x, 0), xycoords=("data", "axes fraction"),
-                    xytext=(3, 3), textcoords="offset points", fontsize=8)
-
-
 def _panel(ax, part: dict, probe: str, cmap, vmin: float, vmax: float, annotate: bool):
-    """One heatmap of one result's probe; returns the image (for the colour bar)."""
+    """One heatmap of one result's probe; returns the image (for the colour bar) and the lengths."""
     main, second = FIELDS[probe]
     lengths, depths, grid = cell_grid(part["cells"], main)
     extra = cell_grid(part["cells"], second)[2]
-    im = ax.imshow(grid, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(len(lengths)), [_fmt_len(x) for x in lengths], rotation=45)
-    ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-    ax.set_xticks(np.arange(len(lengths) + 1) - 0.5, minor=True)
-    ax.set_yticks(np.arange(len(depths) + 1) - 0.5, minor=True)
-    ax.grid(which="minor", color="white", linewidth=1.0)
-    ax.tick_params(which="minor", length=0)
-    if annotate:
-        for i in range(len(depths)):
-            for j in range(len(lengths)):
-                if np.isfinite(grid[i, j]):
-                    text = (f"{grid[i, j]:+.2f}\n{extra[i, j]:.0%}" if probe == "needle_gain"
-                            else f"{grid[i, j]:.2f}\n{extra[i, j]:.2f}")
-                    ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black")
-    ax.set_xlabel("context length (tokens)")
+
+    def text(i, j):
+        if probe == "needle_gain":
+            return f"{grid[i, j]:+.2f}\n{extra[i, j]:.0%}"
+        return f"{grid[i, j]:.2f}\n{extra[i, j]:.2f}"
+
+    im = heatmap(ax, grid, lengths, depths, cmap=cmap, vmin=vmin, vmax=vmax, cell_text=text if annotate else None)
     ax.set_ylabel("needle depth (fraction of the haystack)")
     return im, lengths
 
@@ -103,7 +86,7 @@ def plot_probe(result_files, probe: str, out_png, *, annotate: bool = True) -> P
     im = None
     for ax, res in zip(axes[0], results):
         im, lengths = _panel(ax, res[probe], probe, cmap, vmin, vmax, annotate)
-        _mark_train_len(ax, lengths, res.get("train_len"))
+        mark_train_len(ax, lengths, res.get("train_len"))
         ax.set_title(_title(res, probe), fontsize=9)
     bar = fig.colorbar(im, ax=axes[0].tolist(), label=label, fraction=0.04, pad=0.02)
     for c in marks:

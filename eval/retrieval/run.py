@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from eval.cli import positive_int
+from eval.cli import parse_list, positive_int
 from eval.common import DTYPES, load_model_and_tokenizer
 from eval.niah.run import PromptBuilder, parse_lengths, read_haystack
 from eval.reproduction_results import paired_interval
@@ -425,22 +425,6 @@ class Parser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
-def parse_grid(text: str, flag: str, parse, ok, rule: str) -> list:
-    """Comma-separated values, each ``parse``d and ``ok``; else a ValueError naming ``flag`` and the value."""
-    values = []
-    for item in (i.strip() for i in text.split(",")):
-        try:
-            value = parse(item)
-        except ValueError:
-            raise ValueError(f"{flag}: {item!r} is not a number") from None
-        if not ok(value):
-            raise ValueError(f"{flag}: {item} is outside {rule}")
-        if value in values:
-            raise ValueError(f"{flag}: {item} is listed twice")
-        values.append(value)
-    return values
-
-
 def parse_depth(text: str) -> float:
     value = float(text)
     return int(value) if value.is_integer() else value
@@ -491,9 +475,10 @@ def check_args(a: argparse.Namespace) -> tuple[list[int], list[float]]:
     if a.distractors > pool:
         raise ValueError(f"--distractors: {a.distractors} is more than the {pool} other {a.passkey_digits}-digit "
                          f"numbers")
-    lengths = parse_grid(a.lengths, "--lengths", lambda s: parse_lengths(s)[0], lambda v: v >= 1, "[1, inf)")
-    depths = parse_grid(a.depths, "--depths", parse_depth, lambda v: 0 <= v <= 1,
-                        "[0, 1] (fractions of the haystack: 0.5 is the middle)")
+    lengths = parse_list(a.lengths, "--lengths", lambda s: parse_lengths(s)[0], lambda v: v >= 1, "[1, inf)",
+                         unique=True)
+    depths = parse_list(a.depths, "--depths", parse_depth, lambda v: 0 <= v <= 1,
+                        "[0, 1] (fractions of the haystack: 0.5 is the middle)", unique=True)
     return lengths, depths
 
 
