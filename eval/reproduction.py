@@ -23,6 +23,7 @@ from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABE
                                        display_name, fmt, interval_text,
                                        load_results, paired, paired_interval, picks, primary, row_band_diffs,
                                        verdict)
+from eval.reproduction_probes import copy_frontier_plots, probe_tables
 from eval.reproduction_verdicts import verdicts
 
 __all__ = ["FAMILY", "load_results", "paired_interval", "picks", "render_tables", "update_doc", "verdict",
@@ -323,7 +324,7 @@ def render_tables(out) -> dict[str, str]:
             "claim3": claim3_table(runs), "baselines": baselines_table(runs),
             "claim4": claim4_table(runs), "claim5": claim5_table(runs), "claim6": claim6_table(runs),
             "path": path_table(runs), "released": released_table(runs), "llama_sweep": llama_sweep_table(runs),
-            "runs": runs_table(runs), **verdicts(runs)}
+            "runs": runs_table(runs), **verdicts(runs), **probe_tables(runs)}
 
 
 def write_plots(out, image_dir) -> list[Path]:
@@ -346,7 +347,7 @@ def write_plots(out, image_dir) -> list[Path]:
     if fox:
         shutil.copyfile(fox[0].path / "acp" / "acp.png", image_dir / "books_acp_fox_pro.png")
         files.append(image_dir / "books_acp_fox_pro.png")
-    return files
+    return files + copy_frontier_plots(runs, image_dir)
 
 
 def write_report(out, image_dir=None) -> Path:

@@ -45,6 +45,8 @@ class RunResult:
     row_bands: np.ndarray | None = None  # (rows, bands): each row's mean loss per band of ``band`` positions
     band: int | None = None
     gpu_jobs: int = 1  # jobs its GPU ran at once: tokens/s compare between runs that had the GPU alone
+    retrieval: dict | None = None  # eval.retrieval.run's JSON
+    frontier: dict | None = None  # eval.eviction.frontier's JSON
 
 
 def alone(r: "RunResult") -> bool:
@@ -77,6 +79,10 @@ def _read_run(d: Path) -> RunResult | None:
     for f in sorted((d / "niah").glob("*.json")) if (d / "niah").is_dir() else []:
         r = json.loads(f.read_text())
         res.niah[r["mode"]] = r
+    for f in sorted((d / "retrieval").glob("*_retrieval.json")) if (d / "retrieval").is_dir() else []:
+        res.retrieval = json.loads(f.read_text())
+    for f in sorted((d / "eviction").glob("*.json")) if (d / "eviction").is_dir() else []:
+        res.frontier = json.loads(f.read_text())
     if (d / "acp_over_training.json").is_file():
         res.acp_over_training = json.loads((d / "acp_over_training.json").read_text())
     return res

@@ -4,7 +4,8 @@ evaluate it, and keep the small result files (docs/reproduction.md).
 
     python scripts/reproduce.py books --corpus CORPUS --out results/books --parts lr      # one part
     python scripts/reproduce.py books --corpus CORPUS --out results/books --parts all     # the whole suite
-    python scripts/reproduce.py books --out results/books --report --doc docs/reproduction.md   # tables + plots
+    python scripts/reproduce.py books --out results/books --report --doc docs/reproduction.md docs/eviction.md
+                                                                                       # tables + plots
     python scripts/reproduce.py books --corpus CORPUS --out results/books --parts main --dry-run
 
 CORPUS holds the book shards (``train-00.jsonl.xz`` ..., ``validation.jsonl.xz``); ``--shards`` names the train
@@ -27,7 +28,7 @@ one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes 
     acp        FoX (Pro) with ACP (model.acp=true), seeds 0 and 1, checkpoints kept to measure pruning over training
     path       PaTH (Pro) and PaTH-FoX (Pro), seed 0, at the FoX (Pro) pick (not swept for PaTH; docs/path.md)
     released   FoX (Pro), Transformer (Pro) and FoX (Pro) without KV-shift as the released models define them
-               (per-head output norm, QK-norm eps 1e-5), seeds 0, 1, 2. The Pro runs of the other parts keep the
+               (per-head output norm, QK-norm eps 1e-5), seeds 0, 1, 2, 3. The Pro runs of the other parts keep the
                definition they were trained with (the output norm shared across heads, QK-norm eps 1e-6):
                ``LEGACY_OVERRIDES``.
     released-ablations  the other three Table 3 switches (output gate, output norm, QK-norm) on the released
@@ -38,7 +39,8 @@ one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes 
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
 Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
 with ``train.py experiment=books/<model>_125m``, then evaluates (per-token loss to 16,384 tokens; needle in a
-haystack for the main and PaTH models; the forget-gate and ACP analysis for the FoX models, not PaTH, whose
+haystack for the main and PaTH models; the retrieval probes, 1k-16k, and the eviction frontier, 4k-32k prompts, for
+the released FoX (Pro) and Transformer (Pro); the forget-gate and ACP analysis for the FoX models, not PaTH, whose
 attention it does not model), and its small files land in ``OUT/runs/<run>/``. A run whose ``done.json`` exists is
 skipped, so re-running a part finishes what an interrupted call left; checkpoints stay in ``--work``.
 """
@@ -71,6 +73,9 @@ SWEEP = {"lr": (1e-3, 2e-3), "lr-wide": (5e-4, 4e-3)}
 # picks) each model has the four rates of the Pro sweep
 LLAMA_SWEEP = {"fox_llama": (5e-4, 2e-3, 4e-3), "transformer_llama": (5e-4, 1e-3, 4e-3)}
 NIAH_LENGTHS, NIAH_DEPTHS = "2k,4k,8k,16k", "0,50,100"
+RETRIEVAL_LENGTHS = "1k,2k,4k,8k,16k"  # the retrieval probes' grid: these lengths x eval.retrieval's five depths
+FRONTIER_LENGTHS = "4096,16384,32768"  # eviction frontier prompts: the training length, 4x and 8x it
+FRONTIER_ACP_EPS = "1e-6,1e-4,1e-2,0.1,0.5"  # ACP's points on the frontier (docs/eviction.md)
 GATES_LEN, ACP_LEN = 1024, 4096  # tokens of a held-out book: F / A maps; ACP statistics (the training length)
 ACP_CHECKPOINTS = 8  # the ACP runs keep this many checkpoints, evenly spaced, to measure pruning over training
 SMALL_FILES = ("config.yaml", "metrics.jsonl", "per_token_loss.json")
@@ -91,6 +96,8 @@ class Run:
     niah: bool = False
     gates: bool = False  # F / A maps of a held-out book (ACP statistics: every run with a forget gate)
     acp_trajectory: bool = False
+    retrieval: bool = False  # the retrieval probes (eval.retrieval): the needle's gain and the passkey's rank
+    frontier: bool = False  # the eviction frontier (eval.eviction.frontier): loss against KV cache kept
 
     def name(self, lr: float) -> str:
         return f"{self.label}-lr{lr:g}-s{self.seed}"
@@ -124,11 +131,13 @@ def suite() -> list[Run]:
     for run in runs:  # these parts ran before the Pro presets became the released models: they keep their model
         if run.model in LEGACY_PRO:
             run.overrides = [*LEGACY_OVERRIDES, *run.overrides]
+    probes = dict(retrieval=True, frontier=True)  # (seeds 0-2 trained before the probes and the frontier existed)
     for seed in RELEASED_SEEDS:
-        runs += [Run("fox_pro_released", "fox_pro", "fox", "released", seed=seed),
-                 Run("transformer_pro_released", "transformer_pro", "transformer", "released", seed=seed),
+        runs += [Run("fox_pro_released", "fox_pro", "fox", "released", seed=seed, **probes),
+                 Run("transformer_pro_released", "transformer_pro", "transformer", "released", seed=seed, **probes),
                  Run("fox_pro_released_no_kv_shift", "fox_pro", "fox", "released", seed=seed,
                      overrides=["model.kv_shift=false"])]
+    for seed in RELEASED_ABLATION_SEEDS:
         runs += [Run(f"fox_pro_released_no_{switch}", "fox_pro", "fox", "released-ablations", seed=seed,
                      overrides=[f"model.{switch}=false"]) for switch in ("output_gate", "output_norm", "qk_norm")]
     for seed in LLAMA_SEEDS:
@@ -146,7 +155,7 @@ PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path
 LEGACY_PRO = ("fox_pro", "transformer_pro", "fox_pro_data_independent", "fox_pro_fixed", "fox_pro_rope", "path_pro",
               "path_fox_pro")
 LEGACY_OVERRIDES = ("model.output_norm_per_head=false", "model.qk_norm_eps=null")
-RELEASED_SEEDS = (0, 1, 2)
+RELEASED_SEEDS, RELEASED_ABLATION_SEEDS = (0, 1, 2, 3), (0, 1, 2)
 LLAMA_PICK, LLAMA_SEEDS = 1e-3, (1, 2)  # both LLaMA models' best rate of their own sweep (lr-llama)
 BASELINES, BASELINE_LRS = ("mamba2", "hgrn2", "deltanet"), (1e-3, 2e-3, 4e-3)  # the paper's 2e-3 and either side
 
@@ -260,14 +269,25 @@ def train_overrides(run: Run, lr: float, data_dir: Path, run_dir: Path, extra: l
     return cmd
 
 
-def eval_commands(run: Run, run_dir: Path, work: Path, niah_lengths: str = NIAH_LENGTHS) -> list[list[str]]:
+def eval_commands(run: Run, run_dir: Path, work: Path, lengths: dict | None = None) -> list[list[str]]:
+    """The evaluations that follow a run's training, as commands; ``lengths`` replaces the NIAH, retrieval and
+    frontier prompt lengths (tests: a toy model on the CPU)."""
+    lengths = {"niah": NIAH_LENGTHS, "retrieval": RETRIEVAL_LENGTHS, "frontier": FRONTIER_LENGTHS, **(lengths or {})}
     py = sys.executable
     cmds = []
     if run.niah:
         for mode in ("easy", "standard"):
             cmds.append([py, "-m", "eval.niah.run", str(run_dir), "--out", str(run_dir / "niah"), "--mode", mode,
-                         "--haystack", str(work / "haystack.txt"), "--lengths", niah_lengths,
+                         "--haystack", str(work / "haystack.txt"), "--lengths", lengths["niah"],
                          "--depths", NIAH_DEPTHS])
+    if run.retrieval:
+        cmds.append([py, "-m", "eval.retrieval.run", "--run", str(run_dir), "--out", str(run_dir / "retrieval"),
+                     "--haystack", str(work / "haystack.txt"), "--lengths", lengths["retrieval"]])
+    if run.frontier:
+        policies = "acp,streaming,h2o,snapkv" if run.family == "fox" else "streaming,h2o,snapkv"
+        cmds.append([py, "-m", "eval.eviction.frontier", "--model", str(run_dir), "--out", str(run_dir / "eviction"),
+                     "--text-file", str(work / "haystack.txt"), "--lengths", lengths["frontier"],
+                     "--policies", policies, *(["--acp-eps", FRONTIER_ACP_EPS] if run.family == "fox" else [])])
     if run.model.startswith("fox"):
         book = str(work / "heldout_book.txt")
         cmds.append([py, "-m", "eval.gates.run", "--run", str(run_dir), "--text-file", book, "--what", "acp",
@@ -337,7 +357,8 @@ def keep_results(run_dir: Path, dest: Path, record: dict, paths: dict[str, str])
         res["loss"] = [round(x, 5) for x in res["loss"]]
         ptl.write_text(json.dumps(res))
     for sub, patterns in (("niah", ("*.json", "*.png")), ("gates", ("gates.json", "gates.png")),
-                          ("acp", ("acp.json", "acp.png"))):
+                          ("acp", ("acp.json", "acp.png")), ("retrieval", ("*.json", "*.png")),
+                          ("eviction", ("*.json", "*.png"))):
         for pattern in patterns:
             for f in (run_dir / sub).glob(pattern) if (run_dir / sub).is_dir() else []:
                 (dest / sub).mkdir(exist_ok=True)
@@ -388,7 +409,7 @@ class Job:
             self.status = "training"
             rc = self._call(train_cmd, log)
             if rc == 0:
-                for cmd in eval_commands(self.run, self.run_dir, self.args.work, self.args.niah_lengths):
+                for cmd in eval_commands(self.run, self.run_dir, self.args.work, self.args.eval_lengths):
                     self.status = f"evaluating ({cmd[2] if cmd[1] == '-m' else 'ACP over training'})"
                     rc = self._call(cmd, log)
                     if rc:
@@ -496,13 +517,16 @@ def main(argv=None) -> int:
                    "patterns (fnmatch), e.g. 'fox_pro-*,transformer_pro-*-s0'")
     p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help=argparse.SUPPRESS)  # tests: a tiny corpus
     p.add_argument("--doc-len", type=int, default=DOC_LEN, help=argparse.SUPPRESS)
-    p.add_argument("--niah-lengths", default=NIAH_LENGTHS, help=argparse.SUPPRESS)
+    for name in ("niah", "retrieval", "frontier"):  # tests: prompts a toy model on the CPU scores quickly
+        p.add_argument(f"--{name}-lengths", default=None, help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, train nothing")
     p.add_argument("--report", action="store_true", help="write OUT/report.md and the plots from OUT's result files")
-    p.add_argument("--doc", type=Path, default=None, help="with --report: also rewrite this document's generated "
-                   "tables (docs/reproduction.md) and put the plots beside its images (docs/images/)")
+    p.add_argument("--doc", type=Path, nargs="+", default=None, help="with --report: also rewrite the generated "
+                   "tables of these documents (docs/reproduction.md docs/eviction.md) and put the plots beside the "
+                   "first one's images (docs/images/)")
     a = p.parse_args(argv)
     a.out, a.work, a.data_dir = a.out.resolve(), a.work.resolve(), a.data_dir.resolve()
+    a.eval_lengths = {k: v for k in ("niah", "retrieval", "frontier") if (v := getattr(a, f"{k}_lengths"))}
     parts = list(PARTS) if a.parts == "all" else [x.strip() for x in a.parts.split(",") if x.strip()]
     bad = [x for x in parts if x not in PARTS]
     if bad:
@@ -517,9 +541,9 @@ def main(argv=None) -> int:
         from eval.reproduction import render_tables, update_doc, write_report
 
         try:
-            print(write_report(a.out, a.doc.parent / "images" if a.doc else None))
-            if a.doc:
-                print(update_doc(a.doc, render_tables(a.out)))
+            print(write_report(a.out, a.doc[0].parent / "images" if a.doc else None))
+            for doc in a.doc or []:
+                print(update_doc(doc, render_tables(a.out)))
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f"error: {e}") from None
     return 0

@@ -40,7 +40,8 @@ def corpus(tmp_path_factory):
 def reproduce(corpus, tmp, *args):
     cmd = [sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(corpus),
            "--out", str(tmp / "results"), "--work", str(tmp / "work"), "--data-dir", str(tmp / "data"),
-           "--vocab-size", "512", "--doc-len", "512", "--niah-lengths", "256,512", "--gpus", "cpu:2", *args,
+           "--vocab-size", "512", "--doc-len", "512", "--niah-lengths", "256,512", "--retrieval-lengths", "256,512",
+           "--frontier-lengths", "256", "--gpus", "cpu:2", *args,
            "--override", *TOY]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3000)  # ~4 min unloaded
 
@@ -136,11 +137,31 @@ def test_the_released_part_trains_the_released_definition_and_the_others_keep_th
         assert model.qk_norm_eps == (1e-5 if done["part"] in parts else None), name
     assert all("model.qk_norm=false" in d["command"] for d in released.values()
                if d["label"] == "fox_pro_released_no_qk_norm")
-    planned = [run for run in rp.suite() if run.part in parts]  # the whole parts: three seeds of six models
-    expected = [(f"fox_pro_released{x}", s) for x in ("", "_no_kv_shift", "_no_output_gate", "_no_output_norm",
-                                                       "_no_qk_norm") for s in (0, 1, 2)]
-    assert sorted({(r.label, r.seed) for r in planned}) == sorted(
-        expected + [("transformer_pro_released", s) for s in (0, 1, 2)])
+    planned = [run for run in rp.suite() if run.part in parts]  # the pair and - KV-shift at 4 seeds, the rest at 3
+    expected = [(label, s) for label in ("fox_pro_released", "transformer_pro_released",
+                                         "fox_pro_released_no_kv_shift") for s in (0, 1, 2, 3)]
+    expected += [(f"fox_pro_released_no_{x}", s) for x in ("output_gate", "output_norm", "qk_norm") for s in (0, 1, 2)]
+    assert sorted({(r.label, r.seed) for r in planned}) == sorted(expected)
+
+
+def test_the_released_pair_runs_the_retrieval_probes_and_the_eviction_frontier(suite):
+    """The released FoX (Pro) and Transformer (Pro) keep the probes' JSON and the frontier's (ACP's points for FoX
+    alone, which has a forget gate); the other runs have neither."""
+    tmp, _ = suite
+    for name, done in runs_of(tmp).items():
+        run = tmp / "results" / "runs" / name
+        pair = done["label"] in ("fox_pro_released", "transformer_pro_released")
+        assert (run / "retrieval").is_dir() == pair and (run / "eviction").is_dir() == pair, name
+        if not pair:
+            continue
+        probe = json.loads(next((run / "retrieval").glob("*_retrieval.json")).read_text())
+        assert probe["lengths"] == [256, 512] and len(probe["needle_gain"]["cells"]) == 2 * len(probe["depths"])
+        frontier = json.loads(next((run / "eviction").glob("*.json")).read_text())
+        assert [f["length"] for f in frontier["full"]] == [256]
+        policies = {p["policy"] for p in frontier["points"]}
+        assert policies == ({"acp", "streaming", "h2o", "snapkv"} if done["model"] == "fox_pro" else
+                            {"streaming", "h2o", "snapkv"}), name
+        assert "$WORK" in frontier["text_file"] and "$WORK" in probe["command"]  # no path of the machine
 
 
 def test_acp_runs_measure_pruning_over_training(suite):
@@ -242,8 +263,8 @@ def test_speeds_compare_only_runs_that_had_their_gpu_alone():
     from eval.reproduction_verdicts import speed
 
     runs = load_results(ROOT / "results" / "books")
-    pro = [r for r in runs if r.label == "fox_pro_released"]
-    assert len(pro) == 3 and all(r.gpu_jobs == 1 for r in pro)
+    pro = [r for r in runs if r.label == "fox_pro_released" and r.gpu_jobs == 1]
+    assert len(pro) == 3 and any(r.label == "fox_pro_released" and r.gpu_jobs == 3 for r in runs)
     assert "FoX (Pro) 373k against Transformer (Pro) 402k" in speed(runs)
     for r in pro[1:]:
         r.gpu_jobs = 3
@@ -259,16 +280,19 @@ def test_a_corpus_without_its_files_is_an_error(tmp_path):
     assert res.returncode != 0 and "train-00.jsonl.xz not found" in res.stderr
 
 
-def test_the_committed_doc_holds_the_tables_of_the_committed_results():
-    """docs/reproduction.md regenerates without a GPU: its generated tables are those of results/books."""
+def test_the_committed_docs_hold_the_tables_of_the_committed_results():
+    """docs/reproduction.md and docs/eviction.md regenerate without a GPU: their generated tables are those of
+    results/books, and reproduction.md holds every table."""
     from eval.reproduction import doc_blocks, render_tables
 
-    blocks = doc_blocks((ROOT / "docs" / "reproduction.md").read_text())
     tables = render_tables(ROOT / "results" / "books")
-    assert set(blocks) == set(tables)
-    for name, text in tables.items():
-        assert blocks[name] == text, f"docs/reproduction.md table '{name}' is stale: run scripts/reproduce.py " \
-                                     "books --out results/books --report --doc docs/reproduction.md"
+    for doc in ("reproduction.md", "eviction.md"):
+        blocks = doc_blocks((ROOT / "docs" / doc).read_text())
+        assert set(blocks) <= set(tables) and blocks, doc
+        for name in blocks:
+            assert blocks[name] == tables[name], f"docs/{doc} table '{name}' is stale: run scripts/reproduce.py " \
+                "books --out results/books --report --doc docs/reproduction.md docs/eviction.md"
+    assert set(doc_blocks((ROOT / "docs" / "reproduction.md").read_text())) == set(tables) - {"frontier"}
 
 
 def test_paired_intervals_and_verdicts():

@@ -1,0 +1,237 @@
+"""The reproduction's retrieval probes and eviction frontier, rendered from the result files like its other tables:
+the released FoX (Pro) and Transformer (Pro) runs that kept ``retrieval/`` (``eval.retrieval.run``) and
+``eviction/`` (``eval.eviction.frontier``). No model or GPU needed.
+
+Retrieval statistics per prompt length take each trial's mean over the depths: every cell of a run draws the same
+keys and values, so the trials, not the cells, are the independent draws (``eval.retrieval.run``). Two runs with
+the same draws (one seed of the draws, one haystack, one tokenizer) pair trial by trial.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from forgetting_transformer.markdown import table
+from eval.reproduction_results import LABELS, RunResult, paired_interval, picks, primary
+
+PAIR = (("fox_pro_released", "fox"), ("transformer_pro_released", "transformer"))
+FRONTIER_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # the kept fractions the tables show (scripts/reproduce.py)
+
+
+def probe_runs(runs: list[RunResult], what: str) -> list[RunResult]:
+    """The released pair's runs at their families' picks that kept ``what`` (``retrieval`` or ``frontier``)."""
+    pick = picks(runs)
+    return [r for label, family in PAIR for r in primary(runs, label, family, pick) if getattr(r, what)]
+
+
+def name(r: RunResult) -> str:
+    return f"{LABELS[r.label]} ({r.name})"
+
+
+# ----------------------------------------------------------------------------------------------------- retrieval
+
+
+def trial_means(res: dict, probe: str, length: int, depths) -> np.ndarray:
+    """(trials,): each trial's needle gain (``needle_gain``) or passkey hit (``passkey``) averaged over ``depths``
+    at prompt length ``length``."""
+    cells = [c for c in res[probe]["cells"] if c["length"] == length and c["depth"] in depths]
+    values = [c["gains"] if probe == "needle_gain" else [float(r == 1) for r in c["ranks"]] for c in cells]
+    return np.mean(values, axis=0)
+
+
+def inside(res: dict) -> list:
+    """The depths that put the needle inside the haystack, before its last part (all but depth 1, where the needle
+    ends just before the question)."""
+    return [d for d in res["depths"] if d < 1]
+
+
+def mean_ci(values, sign: str = "+") -> str:
+    """Mean [95% t interval], signed (gains, differences) or not (``sign=""``: accuracies)."""
+    ci, f = paired_interval(list(values)), f"{sign}.3f"
+    return f"{ci[0]:{f}} [{ci[1]:{f}}, {ci[2]:{f}}]" if ci else f"{float(np.mean(values)):{f}}"
+
+
+def same_draws(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("seed", "trials", "lengths", "depths", "haystack"))
+
+
+def retrieval_table(runs: list[RunResult]) -> str:
+    chosen = probe_runs(runs, "retrieval")
+    if not chosen:
+        return "Not run yet: `--parts released` runs the probes after training."
+    lengths = chosen[0].retrieval["lengths"]
+    rows = []
+    for r in chosen:
+        res = r.retrieval
+        chance = res["passkey"]["chance"]["accuracy"]
+        rows += [[name(r), "needle gain, depths < 1", *(mean_ci(trial_means(res, "needle_gain", n, inside(res)))
+                                                        for n in lengths)],
+                 [name(r), "needle gain, depth 1", *(mean_ci(trial_means(res, "needle_gain", n, [1]))
+                                                     for n in lengths)],
+                 [name(r), f"passkey accuracy (chance {chance:.2f})",
+                  *(mean_ci(trial_means(res, "passkey", n, res["depths"]), "") for n in lengths)]]
+    for seed, (fox, tr) in retrieval_pairs(chosen).items():
+        diff = [trial_means(tr.retrieval, "needle_gain", n, inside(tr.retrieval))
+                - trial_means(fox.retrieval, "needle_gain", n, inside(fox.retrieval)) for n in lengths]
+        rows.append([f"Transformer (Pro) − FoX (Pro), seed {seed}", "needle gain, depths < 1",
+                     *(mean_ci(d) for d in diff)])
+    r0 = chosen[0].retrieval
+    note = (f"\n\nMean over {r0['trials']} trials with its 95% t interval; a trial's value is its mean over the "
+            f"depths of the row ({', '.join(f'{d:g}' for d in r0['depths'])} of the haystack). Needle gain in nats "
+            f"per answer token (0 without retrieval). `{r0['command']}` (`$WORK`: the suite's work directory).")
+    return table(["model (run)", "measure", *(f"{n:,}" for n in lengths)], rows, "ll" + "r" * len(lengths)) + note
+
+
+def retrieval_pairs(chosen: list[RunResult]) -> dict[int, tuple[RunResult, RunResult]]:
+    """seed → (FoX (Pro), Transformer (Pro)) runs whose probes drew the same trials."""
+    fox = {r.seed: r for r in chosen if r.label == "fox_pro_released"}
+    tr = {r.seed: r for r in chosen if r.label == "transformer_pro_released"}
+    return {s: (fox[s], tr[s]) for s in sorted(set(fox) & set(tr)) if same_draws(fox[s].retrieval, tr[s].retrieval)}
+
+
+def pooled(res: dict, lengths: list[int]) -> np.ndarray:
+    """(trials,): each trial's needle gain at depths < 1, averaged over ``lengths`` too."""
+    return np.mean([trial_means(res, "needle_gain", n, inside(res)) for n in lengths], axis=0)
+
+
+def verdict_retrieval(runs: list[RunResult]) -> str:
+    pairs = retrieval_pairs(probe_runs(runs, "retrieval"))
+    if not pairs:
+        return "**Verdict: not run yet.** The retrieval probes need the released pair at one seed at least."
+    seed, (fox, tr) = next(iter(pairs.items()))  # the trials of one seed; with more seeds, the seeds' spread
+    train_len = fox.retrieval["train_len"]
+    within = [n for n in fox.retrieval["lengths"] if n <= train_len]
+    beyond = [n for n in fox.retrieval["lengths"] if n > train_len]
+    f_in, t_in = pooled(fox.retrieval, within), pooled(tr.retrieval, within)
+    if len(pairs) > 1:
+        seeds = f"{len(pairs)} seeds, each seed's mean over trials"
+        f_in = np.array([pooled(f.retrieval, within).mean() for f, _ in pairs.values()])
+        t_in = np.array([pooled(t.retrieval, within).mean() for _, t in pairs.values()])
+    else:
+        seeds = f"seed {seed}, {len(f_in)} trials"
+    ci_fox, ci_diff = paired_interval(list(f_in)), paired_interval(list(t_in - f_in))
+    fox_uses = "draws on the needle" if ci_fox and ci_fox[1] > 0 else "draws nothing measurable from the needle"
+    more = ("the Transformer (Pro) draws more" if ci_diff and ci_diff[1] > 0 else
+            "the Transformer (Pro) draws less" if ci_diff and ci_diff[2] < 0 else
+            "the pair's difference is inconclusive")
+    text = (f"**Verdict ({seeds}): FoX (Pro) {fox_uses} inside the training length; {more}.** With the needle "
+            f"inside the haystack (depths < 1) and prompts up to {train_len:,} tokens, FoX (Pro) gains "
+            f"{mean_ci(f_in)} nats per answer token, the Transformer (Pro) {mean_ci(t_in)}, the difference "
+            f"{mean_ci(t_in - f_in)}.")
+    if beyond:
+        text += (f" Beyond the training length ({', '.join(format(n, ',') for n in beyond)}; seed {seed}) FoX (Pro) "
+                 f"gains {mean_ci(pooled(fox.retrieval, beyond))}, the Transformer (Pro) "
+                 f"{mean_ci(pooled(tr.retrieval, beyond))}.")
+    return (text + " A needle just before the question (depth 1) lifts both models: that is copying from the last "
+            "few hundred tokens. The paper's models (760M, 48B tokens) retrieve at every depth; these runs do not "
+            "test that scale.")
+
+
+# ----------------------------------------------------------------------------------------------------- frontier
+
+
+def frontier_table(runs: list[RunResult]) -> str:
+    """Per run and prompt length: the full cache's loss, then each targeted policy's loss change and greedy
+    agreement at every kept fraction; ACP's points in a second table."""
+    chosen = probe_runs(runs, "frontier")
+    if not chosen:
+        return "Not run yet: `--parts released` runs the frontier after training."
+    rows, acp_rows = [], []
+    for r in chosen:
+        res = r.frontier
+        for full in res["full"]:
+            n = full["length"]
+            pts = [p for p in res["points"] if p["length"] == n]
+            for policy in dict.fromkeys(p["policy"] for p in pts if p["policy"] != "acp"):
+                got = {round(p["fraction"], 6): p for p in pts if p["policy"] == policy and p.get("fraction")}
+                rows.append([LABELS[r.label], f"{n:,}", f"{full['loss']:.4f}", policy,
+                             *(f"{got[f]['loss_diff']:+.4f} ({got[f]['greedy_agreement']:.2f})" if f in got else "–"
+                               for f in FRONTIER_FRACTIONS)])
+            acp_rows += [[LABELS[r.label], f"{n:,}", f"{p['eps']:g}", f"{100 * p['kept_fraction']:.1f}%",
+                          f"{p['kv_mib']:.1f} of {full['kv_mib']:.0f}", f"{p['loss_diff']:+.4f}",
+                          f"{p['greedy_agreement']:.2f}"] for p in pts if p["policy"] == "acp" and p["eps"]]
+    text = table(["model", "prompt", "full cache loss", "policy", *(f"keep {f:.0%}" for f in FRONTIER_FRACTIONS)],
+                 rows, "lrrl" + "r" * len(FRONTIER_FRACTIONS))
+    if acp_rows:
+        text += "\n\n" + table(["model", "prompt", "ACP eps", "kept", "KV MiB kept", "loss change", "greedy agreement"],
+                               acp_rows, "lrrrrrr")
+    runs_text = "; ".join(f"{r.name} ({r.device}, {r.versions})" for r in chosen)
+    return (text + f"\n\nLoss change: the next {chosen[0].frontier['continuation']:,} tokens' mean loss through the "
+            f"evicted cache minus through the full cache (nats/token); in brackets, the fraction of "
+            f"{chosen[0].frontier['new_tokens']} greedy steps that pick the full cache's token. Runs: {runs_text}.")
+
+
+def verdict_frontier(runs: list[RunResult]) -> str:
+    chosen = probe_runs(runs, "frontier")
+    fox = [r for r in chosen if r.label == "fox_pro_released"]
+    if not fox:
+        return "**Not run yet.**"
+    res = fox[0].frontier
+    acp = [p for p in res["points"] if p["policy"] == "acp"]
+    kept, agree = [p["kept_fraction"] for p in acp], min(p["greedy_agreement"] for p in acp)
+    first = min(f["length"] for f in res["full"])
+
+    def span(points, key="loss_diff", pct=False):  # "lo to hi" of the points' key
+        lo, hi = min(p[key] for p in points), max(p[key] for p in points)
+        return f"{lo:.0%}–{hi:.0%}" if pct else f"{lo:+.4f} to {hi:+.4f}"
+
+    at = {f: [p for p in res["points"] if p["policy"] != "acp" and p.get("fraction") == f] for f in (0.01, 0.1)}
+    near = [p for p in at[0.1] if p["length"] == first]
+    text = (f"**FoX (Pro), {fox[0].name}:** over eps {min(p['eps'] for p in acp):g}–{max(p['eps'] for p in acp):g}"
+            f" and prompts of {', '.join(format(f['length'], ',') for f in res['full'])} tokens, ACP keeps "
+            f"{100 * min(kept):.1f}–{100 * max(kept):.1f}% of the prompt's keys; the loss moves by at most "
+            f"{max(abs(p['loss_diff']) for p in acp):.4f} nats/token and "
+            + ("every greedy token matches the full cache's" if agree == 1 else
+               f"at least {agree:.0%} of the greedy tokens match the full cache's") +
+            f". At about ACP's memory (10% at {first:,} tokens) the targeted policies cost {span(near)} and agree on "
+            f"{span(near, 'greedy_agreement', True)} of the tokens; at 1%, {span(at[0.01])} and "
+            f"{span(at[0.01], 'greedy_agreement', True)}.")
+    tr = [r for r in chosen if r.label == "transformer_pro_released"]
+    if tr:
+        res = tr[0].frontier
+        train = min(f["length"] for f in res["full"])
+        at = {f: [p for p in res["points"] if p["length"] == train and p.get("fraction") == f] for f in (0.01, 0.1)}
+        past = [p for p in res["points"] if p["length"] > train]
+        lower = sum(p["loss_diff"] < 0 for p in past)
+        text += (f" **Transformer (Pro), {tr[0].name}**, at {train:,} tokens: keeping 1% costs {span(at[0.01])}, "
+                 f"keeping 10% {span(at[0.1])}. Past its training length {lower} of its {len(past)} evicted points "
+                 f"score below its full cache, which attends across distances it never trained on.")
+    return text + " One text, one seed: the differences are paired on the same tokens, not averaged over texts."
+
+
+def retrieval_summary(runs: list[RunResult]) -> str:
+    """The summary table's line for the retrieval probe."""
+    pairs = retrieval_pairs(probe_runs(runs, "retrieval"))
+    if not pairs:
+        return "not run"
+    fox, tr = next(iter(pairs.values()))
+    within = [n for n in fox.retrieval["lengths"] if n <= fox.retrieval["train_len"]]
+    f_ci = paired_interval(list(pooled(fox.retrieval, within)))
+    t_ci = paired_interval(list(pooled(tr.retrieval, within)))
+
+    def uses(ci):
+        return "draws on the needle" if ci and ci[1] > 0 else "draws nothing measurable"
+    return (f"log-likelihood probe: FoX (Pro) {uses(f_ci)}, Transformer (Pro) {uses(t_ci)} "
+            f"({len(pairs)} seed{'s' * (len(pairs) != 1)}: inconclusive until 2)")
+
+
+def copy_frontier_plots(runs: list[RunResult], image_dir: Path) -> list[Path]:
+    """The frontier plots of the first seed that has them, one per model, as ``books_frontier_<model>.png``."""
+    files, seen = [], set()
+    for r in probe_runs(runs, "frontier"):
+        png = next((r.path / "eviction").glob("*.png"), None)
+        if png is None or r.label in seen:
+            continue
+        seen.add(r.label)
+        dest = Path(image_dir) / f"books_frontier_{r.label.replace('_released', '')}.png"
+        shutil.copyfile(png, dest)
+        files.append(dest)
+    return files
+
+
+def probe_tables(runs: list[RunResult]) -> dict[str, str]:
+    return {"retrieval": retrieval_table(runs), "verdict_retrieval": verdict_retrieval(runs),
+            "frontier": frontier_table(runs), "verdict_frontier": verdict_frontier(runs)}

@@ -1,0 +1,86 @@
+"""The reproduction's retrieval and frontier tables from synthetic result files: per-trial means over depths, the
+pairing of two runs' trials, the verdict's words, and the frontier's cells (eval/reproduction_probes.py)."""
+
+import numpy as np
+import pytest
+
+from eval.reproduction_probes import (frontier_table, retrieval_pairs, retrieval_table, trial_means, verdict_frontier,
+                                      verdict_retrieval)
+from eval.reproduction_results import RunResult, t_975
+
+LENGTHS, DEPTHS = [1024, 8192], [0, 0.5, 1]
+
+
+def retrieval(gain, rank, seed=0):
+    """A probe result whose needle gain is gain(length, depth, trial) and passkey rank rank(length, depth, trial)."""
+    needle = [{"length": n, "depth": d, "gains": [gain(n, d, t) for t in range(4)]} for n in LENGTHS for d in DEPTHS]
+    passkey = [{"length": n, "depth": d, "ranks": [rank(n, d, t) for t in range(4)]} for n in LENGTHS for d in DEPTHS]
+    return {"seed": seed, "trials": 4, "lengths": LENGTHS, "depths": DEPTHS, "haystack": "$WORK/haystack.txt",
+            "train_len": 4096, "command": "python -m eval.retrieval.run ...",
+            "needle_gain": {"cells": needle}, "passkey": {"cells": passkey, "chance": {"accuracy": 0.1}}}
+
+
+def run(label, lr, **kw):
+    return RunResult(f"{label}-lr{lr:g}-s3", label, 3, lr, "released", "GPU", "torch x", 4.0, None, **kw)
+
+
+def sweep():
+    """The sweep runs that make 1e-3 FoX's pick and 2e-3 the Transformer's."""
+    return [RunResult(f"{m}-lr{lr:g}-s0", m, 0, lr, "lr", "GPU", "v", loss, None)
+            for m, lr, loss in (("fox_pro", 1e-3, 4.0), ("fox_pro", 2e-3, 4.1), ("transformer_pro", 1e-3, 4.3),
+                                ("transformer_pro", 2e-3, 4.2))]
+
+
+def test_a_trials_value_is_its_mean_over_the_rows_depths():
+    res = retrieval(lambda n, d, t: d + t / 10, lambda n, d, t: 1 if t == 0 or d == 1 else 3)
+    assert trial_means(res, "needle_gain", 1024, [0, 0.5]) == pytest.approx([0.25, 0.35, 0.45, 0.55])
+    assert trial_means(res, "passkey", 8192, DEPTHS) == pytest.approx([1, 1 / 3, 1 / 3, 1 / 3])
+
+
+def test_the_table_pairs_the_two_models_trial_by_trial_with_t_intervals():
+    fox = run("fox_pro_released", 1e-3, retrieval=retrieval(lambda n, d, t: 0.0, lambda n, d, t: 2))
+    tr = run("transformer_pro_released", 2e-3, retrieval=retrieval(lambda n, d, t: 0.1 * t, lambda n, d, t: 1))
+    text = retrieval_table(sweep() + [fox, tr])
+    diff = [0.0, 0.1, 0.2, 0.3]  # the Transformer's gains at depths < 1 minus FoX's zeros, per trial
+    half = t_975(3) * np.std(diff, ddof=1) / 2
+    row = next(r for r in text.splitlines() if r.startswith("| Transformer (Pro) − FoX (Pro), seed 3"))
+    assert f"+0.150 [{0.15 - half:+.3f}, {0.15 + half:+.3f}]" in row
+    passkey = next(r for r in text.splitlines() if "transformer" in r and "passkey" in r)
+    assert passkey.count("| 1.000 [1.000, 1.000]") == 2  # rank 1 everywhere: no spread
+    assert "the pair's difference is inconclusive" in verdict_retrieval(sweep() + [fox, tr])  # 0.15 ± 0.21
+    tr.retrieval = retrieval(lambda n, d, t: 0.1 + 0.01 * t, lambda n, d, t: 1)
+    said = verdict_retrieval(sweep() + [fox, tr])
+    assert "FoX (Pro) draws nothing measurable" in said and "the Transformer (Pro) draws more" in said
+
+
+def test_runs_with_other_draws_do_not_pair():
+    fox = run("fox_pro_released", 1e-3, retrieval=retrieval(lambda n, d, t: 0.0, lambda n, d, t: 2))
+    tr = run("transformer_pro_released", 2e-3, retrieval=retrieval(lambda n, d, t: 0.1, lambda n, d, t: 1, seed=1))
+    assert retrieval_pairs([fox, tr]) == {}
+    assert "− FoX (Pro)" not in retrieval_table(sweep() + [fox, tr])
+    assert "not run yet" in verdict_retrieval(sweep() + [fox, tr])
+
+
+def frontier(points, lengths=(4096, 16384)):
+    return {"continuation": 1024, "new_tokens": 64, "points": points,
+            "full": [{"length": n, "loss": 4.5, "kv_mib": 100.0} for n in lengths]}
+
+
+def point(n, policy, diff, agree, fraction=None, eps=None):
+    return {"length": n, "policy": policy, "fraction": fraction, "eps": eps, "kept_fraction": fraction or 0.05,
+            "kv_mib": 5.0, "loss_diff": diff, "greedy_agreement": agree}
+
+
+def test_the_frontier_tables_show_each_point_and_the_summary_its_extremes():
+    fox_pts = [point(n, "streaming", 0.01 * f, 0.9, fraction=f) for n in (4096, 16384) for f in (0.01, 0.1)]
+    fox_pts += [point(n, "acp", -0.0003, 1.0, eps=1e-2) for n in (4096, 16384)]
+    tr_pts = [point(n, "h2o", 0.05 if n == 4096 else -0.2, 0.8, fraction=f) for n in (4096, 16384) for f in (0.01, 0.1)]
+    fox = run("fox_pro_released", 1e-3, frontier=frontier(fox_pts))
+    tr = run("transformer_pro_released", 2e-3, frontier=frontier(tr_pts))
+    text = frontier_table(sweep() + [fox, tr])
+    row = next(r for r in text.splitlines() if r.startswith("| FoX (Pro) | 16,384 | 4.5000 | streaming"))
+    assert row.split(" | ")[4:6] == ["+0.0001 (0.90)", "–"]  # 1%, then 2% (not measured)
+    assert "| FoX (Pro) | 4,096 | 0.01 | 5.0% | 5.0 of 100 | -0.0003 | 1.00 |" in text
+    summary = verdict_frontier(sweep() + [fox, tr])
+    assert "ACP keeps 5.0–5.0%" in summary and "every greedy token matches" in summary
+    assert "keeping 1% costs +0.0500 to +0.0500" in summary and "2 of its 2 evicted points score below" in summary
