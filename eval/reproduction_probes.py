@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from forgetting_transformer.markdown import table
+from eval.eviction.windows import mean_over_windows
 from eval.reproduction_results import LABELS, RunResult, paired_interval, picks, primary
 
 PAIR = (("fox_pro_released", "fox"), ("transformer_pro_released", "transformer"))
@@ -92,6 +93,16 @@ def retrieval_pairs(chosen: list[RunResult]) -> dict[int, tuple[RunResult, RunRe
     return {s: (fox[s], tr[s]) for s in sorted(set(fox) & set(tr)) if same_draws(fox[s].retrieval, tr[s].retrieval)}
 
 
+def split_lengths(res: dict) -> tuple[list[int], list[int], str]:
+    """(the lengths a verdict pools, the lengths beyond the training length it adds, where the pooled ones lie):
+    the lengths inside the training length, or every length when none is."""
+    within = [n for n in res["lengths"] if n <= res["train_len"]]
+    beyond = [n for n in res["lengths"] if n > res["train_len"]]
+    if within:
+        return within, beyond, "inside the training length"
+    return beyond, [], "beyond the training length (no prompt fits inside it)"
+
+
 def pooled(res: dict, lengths: list[int]) -> np.ndarray:
     """(trials,): each trial's needle gain at depths < 1, averaged over ``lengths`` too."""
     return np.mean([trial_means(res, "needle_gain", n, inside(res)) for n in lengths], axis=0)
@@ -102,9 +113,7 @@ def verdict_retrieval(runs: list[RunResult]) -> str:
     if not pairs:
         return "**Verdict: not run yet.** The retrieval probes need the released pair at one seed at least."
     seed, (fox, tr) = next(iter(pairs.items()))  # the trials of one seed; with more seeds, the seeds' spread
-    train_len = fox.retrieval["train_len"]
-    within = [n for n in fox.retrieval["lengths"] if n <= train_len]
-    beyond = [n for n in fox.retrieval["lengths"] if n > train_len]
+    train_len, (within, beyond, where) = fox.retrieval["train_len"], split_lengths(fox.retrieval)
     f_in, t_in = pooled(fox.retrieval, within), pooled(tr.retrieval, within)
     if len(pairs) > 1:
         seeds = f"{len(pairs)} seeds, each seed's mean over trials"
@@ -117,10 +126,10 @@ def verdict_retrieval(runs: list[RunResult]) -> str:
     more = ("the Transformer (Pro) draws more" if ci_diff and ci_diff[1] > 0 else
             "the Transformer (Pro) draws less" if ci_diff and ci_diff[2] < 0 else
             "the pair's difference is inconclusive")
-    text = (f"**Verdict ({seeds}): FoX (Pro) {fox_uses} inside the training length; {more}.** With the needle "
-            f"inside the haystack (depths < 1) and prompts up to {train_len:,} tokens, FoX (Pro) gains "
-            f"{mean_ci(f_in)} nats per answer token, the Transformer (Pro) {mean_ci(t_in)}, the difference "
-            f"{mean_ci(t_in - f_in)}.")
+    text = (f"**Verdict ({seeds}): FoX (Pro) {fox_uses} {where}; {more}.** With the needle inside the haystack "
+            f"(depths < 1) and prompts of {', '.join(format(n, ',') for n in within)} tokens (training length "
+            f"{train_len:,}), FoX (Pro) gains {mean_ci(f_in)} nats per answer token, the Transformer (Pro) "
+            f"{mean_ci(t_in)}, the difference {mean_ci(t_in - f_in)}.")
     if beyond:
         text += (f" Beyond the training length ({', '.join(format(n, ',') for n in beyond)}; seed {seed}) FoX (Pro) "
                  f"gains {mean_ci(pooled(fox.retrieval, beyond))}, the Transformer (Pro) "
@@ -141,27 +150,82 @@ def frontier_table(runs: list[RunResult]) -> str:
         return "Not run yet: `--parts released` runs the frontier after training."
     rows, acp_rows = [], []
     for r in chosen:
-        res = r.frontier
-        for full in res["full"]:
+        fulls, points = mean_over_windows(r.frontier)
+        for full in fulls:
             n = full["length"]
-            pts = [p for p in res["points"] if p["length"] == n]
+            pts = [p for p in points if p["length"] == n]
             for policy in dict.fromkeys(p["policy"] for p in pts if p["policy"] != "acp"):
                 got = {round(p["fraction"], 6): p for p in pts if p["policy"] == policy and p.get("fraction")}
                 rows.append([LABELS[r.label], f"{n:,}", f"{full['loss']:.4f}", policy,
-                             *(f"{got[f]['loss_diff']:+.4f} ({got[f]['greedy_agreement']:.2f})" if f in got else "–"
+                             *(f"{change(got[f])} ({got[f]['greedy_agreement']:.2f})" if f in got else "–"
                                for f in FRONTIER_FRACTIONS)])
             acp_rows += [[LABELS[r.label], f"{n:,}", f"{p['eps']:g}", f"{100 * p['kept_fraction']:.1f}%",
-                          f"{p['kv_mib']:.1f} of {full['kv_mib']:.0f}", f"{p['loss_diff']:+.4f}",
+                          f"{p['kv_mib']:.1f} of {full['kv_mib']:.0f}", change(p),
                           f"{p['greedy_agreement']:.2f}"] for p in pts if p["policy"] == "acp" and p["eps"]]
     text = table(["model", "prompt", "full cache loss", "policy", *(f"keep {f:.0%}" for f in FRONTIER_FRACTIONS)],
                  rows, "lrrl" + "r" * len(FRONTIER_FRACTIONS))
     if acp_rows:
         text += "\n\n" + table(["model", "prompt", "ACP eps", "kept", "KV MiB kept", "loss change", "greedy agreement"],
                                acp_rows, "lrrrrrr")
-    runs_text = "; ".join(f"{r.name} ({r.device}, {r.versions})" for r in chosen)
+    runs_text = "; ".join(f"{r.name} ({r.device}, {r.versions}, {r.frontier.get('windows', 1)} window"
+                          f"{'s' * (r.frontier.get('windows', 1) > 1)})" for r in chosen)
     return (text + f"\n\nLoss change: the next {chosen[0].frontier['continuation']:,} tokens' mean loss through the "
-            f"evicted cache minus through the full cache (nats/token); in brackets, the fraction of "
+            f"evicted cache minus through the full cache (nats/token), averaged over the text's windows, ± half its "
+            f"95% interval across them where there are several; in brackets, the fraction of "
             f"{chosen[0].frontier['new_tokens']} greedy steps that pick the full cache's token. Runs: {runs_text}.")
+
+
+def change(point: dict) -> str:
+    """A point's mean loss change, ± half its interval across windows when it has one."""
+    ci = point["loss_diff_ci"]
+    return f"{point['loss_diff']:+.4f}" + (f" ±{(ci[1] - ci[0]) / 2:.4f}" if ci else "")
+
+
+def span(points: list[dict], key: str = "loss_diff", pct: bool = False) -> str:
+    """"lo to hi" of the points' ``key`` (percentages: "lo–hi")."""
+    lo, hi = min(p[key] for p in points), max(p[key] for p in points)
+    return f"{lo:.0%}–{hi:.0%}" if pct else f"{lo:+.4f} to {hi:+.4f}"
+
+
+def at_fraction(points: list[dict], fraction: float, length: int | None = None) -> list[dict]:
+    """The targeted policies' points at a kept fraction (and one prompt length)."""
+    return [p for p in points if p["policy"] != "acp" and p.get("fraction") == fraction
+            and length in (None, p["length"])]
+
+
+def fox_frontier(r: RunResult) -> str:
+    fulls, points = mean_over_windows(r.frontier)
+    acp, first = [p for p in points if p["policy"] == "acp"], min(f["length"] for f in fulls)
+    text = f"**FoX (Pro), {r.name}:**"
+    if acp:
+        kept, agree = [p["kept_fraction"] for p in acp], min(p["greedy_agreement"] for p in acp)
+        text += (f" over eps {min(p['eps'] for p in acp):g}–{max(p['eps'] for p in acp):g} and prompts of "
+                 f"{', '.join(format(f['length'], ',') for f in fulls)} tokens, ACP keeps {100 * min(kept):.1f}–"
+                 f"{100 * max(kept):.1f}% of the prompt's keys; the loss moves by at most "
+                 f"{max(abs(p['loss_diff']) for p in acp):.4f} nats/token and "
+                 + ("every greedy token matches the full cache's." if agree == 1 else
+                    f"at least {agree:.0%} of the greedy tokens match the full cache's."))
+    if near := at_fraction(points, 0.1, first):
+        text += (f" At 10% of {first:,} tokens (about ACP's memory there) the targeted policies cost {span(near)} "
+                 f"and agree on {span(near, 'greedy_agreement', True)} of the tokens.")
+    if one := at_fraction(points, 0.01):
+        text += f" At 1%: {span(one)}, agreeing on {span(one, 'greedy_agreement', True)}."
+    return text
+
+
+def transformer_frontier(r: RunResult) -> str:
+    fulls, points = mean_over_windows(r.frontier)
+    first = min(f["length"] for f in fulls)
+    text = f" **Transformer (Pro), {r.name}**, at {first:,} tokens:"
+    for fraction in (0.01, 0.1):
+        if got := at_fraction(points, fraction, first):
+            text += f" keeping {fraction:.0%} costs {span(got)};"
+    text = text.rstrip(";:") + "."
+    if longer := [p for p in points if p["length"] > first]:
+        lengths = ", ".join(format(f["length"], ",") for f in fulls if f["length"] > first)
+        text += (f" At the longer prompts ({lengths}), {sum(p['loss_diff'] < 0 for p in longer)} of its "
+                 f"{len(longer)} evicted points score below its full cache.")
+    return text
 
 
 def verdict_frontier(runs: list[RunResult]) -> str:
@@ -169,37 +233,12 @@ def verdict_frontier(runs: list[RunResult]) -> str:
     fox = [r for r in chosen if r.label == "fox_pro_released"]
     if not fox:
         return "**Not run yet.**"
-    res = fox[0].frontier
-    acp = [p for p in res["points"] if p["policy"] == "acp"]
-    kept, agree = [p["kept_fraction"] for p in acp], min(p["greedy_agreement"] for p in acp)
-    first = min(f["length"] for f in res["full"])
-
-    def span(points, key="loss_diff", pct=False):  # "lo to hi" of the points' key
-        lo, hi = min(p[key] for p in points), max(p[key] for p in points)
-        return f"{lo:.0%}–{hi:.0%}" if pct else f"{lo:+.4f} to {hi:+.4f}"
-
-    at = {f: [p for p in res["points"] if p["policy"] != "acp" and p.get("fraction") == f] for f in (0.01, 0.1)}
-    near = [p for p in at[0.1] if p["length"] == first]
-    text = (f"**FoX (Pro), {fox[0].name}:** over eps {min(p['eps'] for p in acp):g}–{max(p['eps'] for p in acp):g}"
-            f" and prompts of {', '.join(format(f['length'], ',') for f in res['full'])} tokens, ACP keeps "
-            f"{100 * min(kept):.1f}–{100 * max(kept):.1f}% of the prompt's keys; the loss moves by at most "
-            f"{max(abs(p['loss_diff']) for p in acp):.4f} nats/token and "
-            + ("every greedy token matches the full cache's" if agree == 1 else
-               f"at least {agree:.0%} of the greedy tokens match the full cache's") +
-            f". At about ACP's memory (10% at {first:,} tokens) the targeted policies cost {span(near)} and agree on "
-            f"{span(near, 'greedy_agreement', True)} of the tokens; at 1%, {span(at[0.01])} and "
-            f"{span(at[0.01], 'greedy_agreement', True)}.")
     tr = [r for r in chosen if r.label == "transformer_pro_released"]
-    if tr:
-        res = tr[0].frontier
-        train = min(f["length"] for f in res["full"])
-        at = {f: [p for p in res["points"] if p["length"] == train and p.get("fraction") == f] for f in (0.01, 0.1)}
-        past = [p for p in res["points"] if p["length"] > train]
-        lower = sum(p["loss_diff"] < 0 for p in past)
-        text += (f" **Transformer (Pro), {tr[0].name}**, at {train:,} tokens: keeping 1% costs {span(at[0.01])}, "
-                 f"keeping 10% {span(at[0.1])}. Past its training length {lower} of its {len(past)} evicted points "
-                 f"score below its full cache, which attends across distances it never trained on.")
-    return text + " One text, one seed: the differences are paired on the same tokens, not averaged over texts."
+    text = fox_frontier(fox[0]) + (transformer_frontier(tr[0]) if tr else "")
+    windows = fox[0].frontier.get("windows", 1)
+    return text + (f" One seed, {windows} windows of the text." if windows > 1 else
+                   " One seed, one window of the text: the differences are paired on the same tokens, not averaged "
+                   "over texts.")
 
 
 def retrieval_summary(runs: list[RunResult]) -> str:
@@ -208,13 +247,13 @@ def retrieval_summary(runs: list[RunResult]) -> str:
     if not pairs:
         return "not run"
     fox, tr = next(iter(pairs.values()))
-    within = [n for n in fox.retrieval["lengths"] if n <= fox.retrieval["train_len"]]
+    within, _, where = split_lengths(fox.retrieval)
     f_ci = paired_interval(list(pooled(fox.retrieval, within)))
     t_ci = paired_interval(list(pooled(tr.retrieval, within)))
 
     def uses(ci):
         return "draws on the needle" if ci and ci[1] > 0 else "draws nothing measurable"
-    return (f"log-likelihood probe: FoX (Pro) {uses(f_ci)}, Transformer (Pro) {uses(t_ci)} "
+    return (f"log-likelihood probe, {where}: FoX (Pro) {uses(f_ci)}, Transformer (Pro) {uses(t_ci)} "
             f"({len(pairs)} seed{'s' * (len(pairs) != 1)}: inconclusive until 2)")
 
 

@@ -52,6 +52,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -74,7 +75,7 @@ SWEEP = {"lr": (1e-3, 2e-3), "lr-wide": (5e-4, 4e-3)}
 LLAMA_SWEEP = {"fox_llama": (5e-4, 2e-3, 4e-3), "transformer_llama": (5e-4, 1e-3, 4e-3)}
 NIAH_LENGTHS, NIAH_DEPTHS = "2k,4k,8k,16k", "0,50,100"
 RETRIEVAL_LENGTHS = "1k,2k,4k,8k,16k"  # the retrieval probes' grid: these lengths x eval.retrieval's five depths
-FRONTIER_LENGTHS = "4096,16384,32768"  # eviction frontier prompts: the training length, 4x and 8x it
+FRONTIER_LENGTHS, FRONTIER_WINDOWS = "4096,16384,32768", "3"  # frontier prompts: the training length, 4x, 8x
 FRONTIER_ACP_EPS = "1e-6,1e-4,1e-2,0.1,0.5"  # ACP's points on the frontier (docs/eviction.md)
 GATES_LEN, ACP_LEN = 1024, 4096  # tokens of a held-out book: F / A maps; ACP statistics (the training length)
 ACP_CHECKPOINTS = 8  # the ACP runs keep this many checkpoints, evenly spaced, to measure pruning over training
@@ -269,25 +270,24 @@ def train_overrides(run: Run, lr: float, data_dir: Path, run_dir: Path, extra: l
     return cmd
 
 
-def eval_commands(run: Run, run_dir: Path, work: Path, lengths: dict | None = None) -> list[list[str]]:
-    """The evaluations that follow a run's training, as commands; ``lengths`` replaces the NIAH, retrieval and
-    frontier prompt lengths (tests: a toy model on the CPU)."""
-    lengths = {"niah": NIAH_LENGTHS, "retrieval": RETRIEVAL_LENGTHS, "frontier": FRONTIER_LENGTHS, **(lengths or {})}
-    py = sys.executable
-    cmds = []
+def eval_commands(run: Run, run_dir: Path, work: Path, extra: dict | None = None) -> list[list[str]]:
+    """The evaluations that follow a run's training, as commands; ``extra`` maps ``niah``, ``retrieval`` and
+    ``frontier`` to arguments appended to theirs, which override the suite's (tests: a toy model on the CPU)."""
+    extra, py, cmds = {"niah": [], "retrieval": [], "frontier": [], **(extra or {})}, sys.executable, []
     if run.niah:
         for mode in ("easy", "standard"):
             cmds.append([py, "-m", "eval.niah.run", str(run_dir), "--out", str(run_dir / "niah"), "--mode", mode,
-                         "--haystack", str(work / "haystack.txt"), "--lengths", lengths["niah"],
-                         "--depths", NIAH_DEPTHS])
+                         "--haystack", str(work / "haystack.txt"), "--lengths", NIAH_LENGTHS,
+                         "--depths", NIAH_DEPTHS, *extra["niah"]])
     if run.retrieval:
         cmds.append([py, "-m", "eval.retrieval.run", "--run", str(run_dir), "--out", str(run_dir / "retrieval"),
-                     "--haystack", str(work / "haystack.txt"), "--lengths", lengths["retrieval"]])
+                     "--haystack", str(work / "haystack.txt"), "--lengths", RETRIEVAL_LENGTHS, *extra["retrieval"]])
     if run.frontier:
-        policies = "acp,streaming,h2o,snapkv" if run.family == "fox" else "streaming,h2o,snapkv"
+        acp = ["--policies", "acp,streaming,h2o,snapkv", "--acp-eps", FRONTIER_ACP_EPS] if run.family == "fox" else \
+            ["--policies", "streaming,h2o,snapkv"]
         cmds.append([py, "-m", "eval.eviction.frontier", "--model", str(run_dir), "--out", str(run_dir / "eviction"),
-                     "--text-file", str(work / "haystack.txt"), "--lengths", lengths["frontier"],
-                     "--policies", policies, *(["--acp-eps", FRONTIER_ACP_EPS] if run.family == "fox" else [])])
+                     "--text-file", str(work / "haystack.txt"), "--lengths", FRONTIER_LENGTHS, "--windows",
+                     FRONTIER_WINDOWS, *acp, *extra["frontier"]])
     if run.model.startswith("fox"):
         book = str(work / "heldout_book.txt")
         cmds.append([py, "-m", "eval.gates.run", "--run", str(run_dir), "--text-file", book, "--what", "acp",
@@ -409,7 +409,7 @@ class Job:
             self.status = "training"
             rc = self._call(train_cmd, log)
             if rc == 0:
-                for cmd in eval_commands(self.run, self.run_dir, self.args.work, self.args.eval_lengths):
+                for cmd in eval_commands(self.run, self.run_dir, self.args.work, self.args.eval_args):
                     self.status = f"evaluating ({cmd[2] if cmd[1] == '-m' else 'ACP over training'})"
                     rc = self._call(cmd, log)
                     if rc:
@@ -517,8 +517,8 @@ def main(argv=None) -> int:
                    "patterns (fnmatch), e.g. 'fox_pro-*,transformer_pro-*-s0'")
     p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help=argparse.SUPPRESS)  # tests: a tiny corpus
     p.add_argument("--doc-len", type=int, default=DOC_LEN, help=argparse.SUPPRESS)
-    for name in ("niah", "retrieval", "frontier"):  # tests: prompts a toy model on the CPU scores quickly
-        p.add_argument(f"--{name}-lengths", default=None, help=argparse.SUPPRESS)
+    for name in ("niah", "retrieval", "frontier"):  # tests: --niah-args='--lengths 256', what a toy model scores fast
+        p.add_argument(f"--{name}-args", default="", help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, train nothing")
     p.add_argument("--report", action="store_true", help="write OUT/report.md and the plots from OUT's result files")
     p.add_argument("--doc", type=Path, nargs="+", default=None, help="with --report: also rewrite the generated "
@@ -526,7 +526,7 @@ def main(argv=None) -> int:
                    "first one's images (docs/images/)")
     a = p.parse_args(argv)
     a.out, a.work, a.data_dir = a.out.resolve(), a.work.resolve(), a.data_dir.resolve()
-    a.eval_lengths = {k: v for k in ("niah", "retrieval", "frontier") if (v := getattr(a, f"{k}_lengths"))}
+    a.eval_args = {k: shlex.split(getattr(a, f"{k}_args")) for k in ("niah", "retrieval", "frontier")}
     parts = list(PARTS) if a.parts == "all" else [x.strip() for x in a.parts.split(",") if x.strip()]
     bad = [x for x in parts if x not in PARTS]
     if bad:

@@ -3,12 +3,14 @@
     python -m eval.eviction.frontier --model hf/fox-pro-760m --text-file book.txt --lengths 16384 \\
         --fractions 0.01,0.02,0.05,0.1,0.2,0.5 --policies acp,streaming,h2o,snapkv --out results/frontier
 
-For each prompt length P, the text's first P tokens are prefilled once into a full cache, which also scores the
+The text is cut into --windows consecutive windows of (longest prompt + --continuation + 1) tokens. For each
+window and prompt length P, the window's first P tokens are prefilled once into a full cache, which also scores the
 positions (``inference.policies.prefill_prefix``). Each policy then evicts from the prompt: the targeted ones
 (streaming, h2o, snapkv) at every kept fraction and every --kv-mib budget, ACP at every --acp-eps and
 --acp-threshold. Through what is kept, the next --continuation tokens of the text are scored (teacher forcing),
 and --new-tokens greedy tokens are compared with those of the full cache, step by step on the full cache's
-tokens. Writes <out>/<model>.json and <out>/<model>.png (loss against KV MiB kept). See docs/eviction.md.
+tokens. Writes <out>/<model>.json (one record per window, length and point) and <out>/<model>.png (loss against
+KV MiB kept, means over the windows). See docs/eviction.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from matplotlib.ticker import NullFormatter
 
 from eval.cli import parse_list, positive_int
+from eval.eviction.windows import mean_over_windows
 from eval.plotting import plt, save_figure
 from forgetting_transformer.inference.policies import (POLICIES, Acp, continuation_loss, greedy_tokens, keep_all,
                                                        prefill_prefix)
@@ -68,6 +71,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="tokens after each prompt scored through the evicted cache (default 1024)")
     p.add_argument("--new-tokens", type=positive_int, default=64,
                    help="greedy tokens compared with the full cache's after each prompt (default 64)")
+    p.add_argument("--windows", type=positive_int, default=1,
+                   help="consecutive windows of the text, each scored on its own (default 1); the JSON keeps every "
+                        "window's points, so a difference has an interval across windows")
     p.add_argument("--chunk", type=positive_int, default=512,
                    help="continuation tokens per forward through the cache (default 512)")
     p.add_argument("--block-size", type=positive_int, default=64, help="cache block size (default 64)")
@@ -134,14 +140,15 @@ def acp_policies(lists: dict, cfg, name: str) -> list:
     return [Acp(eps=e) for e in eps] + [Acp(threshold=t) for t in lists["thresholds"]]
 
 
-def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, bar: Progress):
-    """The full cache and every policy's point at prompt length P; ``ids`` (1, >= P + continuation + 1)."""
+def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, bar: Progress, window: int = 0):
+    """The full cache and every policy's point at prompt length P; ``ids`` (1, >= P + continuation + 1), the
+    text's ``window``-th window."""
     C, N = a.continuation, a.new_tokens
     prompt, cont, labels = ids[:, :P], ids[:, P:P + C], ids[:, P + 1:P + C + 1]
     stats = [p.statistic for p in policies if p.statistic is not None]
     start = time.monotonic()
     prefix = prefill_prefix(model, prompt, statistics=stats, max_len=P + max(C, N), block_size=a.block_size)
-    print(f"  prompt {P}: prefilled and scored in {time.monotonic() - start:.1f} s", flush=True)
+    print(f"  window {window}, prompt {P}: prefilled and scored in {time.monotonic() - start:.1f} s", flush=True)
     for policy in policies:  # a --kv-mib budget below one position per row, named before any scoring
         if getattr(policy, "kv_bytes", None) is not None:
             try:
@@ -151,15 +158,17 @@ def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, bar: Progr
     everything = keep_all(prefix)
     loss_full = float(continuation_loss(prefix, everything, cont, labels, chunk=a.chunk).double().mean())
     greedy_full = greedy_tokens(prefix, everything, N)  # (1, N)
-    full = {"length": P, "loss": loss_full, "kv_mib": everything.kv_bytes(prefix) / MIB,
+    full = {"length": P, "text_window": window, "loss": loss_full,
+            "kv_mib": everything.kv_bytes(prefix) / MIB,
             "greedy_tokens": greedy_full[0].tolist()}
     points = []
     for policy in policies:
-        bar.working_on(f"prompt {P}, {policy.name}")
+        bar.working_on(f"window {window}, prompt {P}, {policy.name}")
         selection = policy.select(prefix)
         loss = float(continuation_loss(prefix, selection, cont, labels, chunk=a.chunk).double().mean())
         same = (greedy_tokens(prefix, selection, N, forced=greedy_full) == greedy_full)[0]  # (N,)
-        points.append({"length": P, **policy.describe(), "kept_fraction": selection.kept_fraction,
+        points.append({"length": P, "text_window": window, **policy.describe(),
+                       "kept_fraction": selection.kept_fraction,
                        "kv_mib": selection.kv_bytes(prefix) / MIB, "loss": loss, "loss_diff": loss - loss_full,
                        "greedy_agreement": float(same.double().mean()),
                        "greedy_identical_prefix": N if bool(same.all()) else int((~same).int().argmax())})
@@ -169,11 +178,11 @@ def sweep_length(model, ids: torch.Tensor, P: int, policies: list, a, bar: Progr
 
 def plot(result: dict, out_png: Path) -> Path:
     """Loss on the continuation against KV MiB kept, one panel per prompt length, one curve per policy (ACP's
-    points by eps / threshold), the full cache as a star and a dashed line."""
-    fulls = result["full"]
+    points by eps / threshold), the full cache as a star and a dashed line; means over the text's windows."""
+    fulls, points = mean_over_windows(result)
     fig, axes = plt.subplots(1, len(fulls), figsize=(5.5 * len(fulls), 4.2), squeeze=False)
     for ax, full in zip(axes[0], fulls):
-        mine = [p for p in result["points"] if p["length"] == full["length"]]
+        mine = [p for p in points if p["length"] == full["length"]]
         for name in dict.fromkeys(p["policy"] for p in mine):
             pts = sorted((p for p in mine if p["policy"] == name), key=lambda p: p["kv_mib"])
             ax.plot([p["kv_mib"] for p in pts], [p["loss"] for p in pts], marker="o", ms=4, label=name)
@@ -183,7 +192,8 @@ def plot(result: dict, out_png: Path) -> Path:
         ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels of a narrow log range overlap
         ax.set_xlabel("KV cache kept for the prompt (MiB)")
         ax.set_ylabel(f"loss on the next {result['continuation']} tokens")
-        ax.set_title(f"{result['model']}, prompt {full['length']} tokens", fontsize=10)
+        windows = f", mean of {full['windows']} windows" if full["windows"] > 1 else ""
+        ax.set_title(f"{result['model']}, prompt {full['length']} tokens{windows}", fontsize=10)
         ax.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, out_png, dpi=130)
@@ -206,24 +216,27 @@ def main(argv=None) -> dict:
     policies = build_policies(a, lists, cfg, info["name"])
     ids = tok(a.text_file.read_text(encoding="utf-8"))["input_ids"]
     need = max(lists["lengths"]) + a.continuation + 1
-    if len(ids) < need:
-        raise ValueError(f"--text-file: {a.text_file} holds {len(ids)} tokens; the longest of --lengths "
-                         f"({max(lists['lengths'])}) + --continuation ({a.continuation}) + 1 need {need}")
-    ids = torch.tensor(ids[:need], device=a.device)[None]  # (1, need)
+    if len(ids) < need * a.windows:
+        raise ValueError(f"--text-file: {a.text_file} holds {len(ids)} tokens; --windows ({a.windows}) x (the "
+                         f"longest of --lengths ({max(lists['lengths'])}) + --continuation ({a.continuation}) + 1) "
+                         f"need {need * a.windows}")
+    ids = torch.tensor(ids[:need * a.windows], device=a.device).view(a.windows, need)  # (windows, need)
     print(f"{info['name']} ({info['source']}, {dtype}): {len(policies)} points x {len(lists['lengths'])} "
-          f"prompt lengths", flush=True)
+          f"prompt lengths x {a.windows} windows", flush=True)
     result = {"model": info["name"], "source": info["source"], "text_file": str(a.text_file), "dtype": dtype,
               "device": torch.cuda.get_device_name(a.device) if "cuda" in a.device else "cpu",
               "continuation": a.continuation, "new_tokens": a.new_tokens, "chunk": a.chunk,
-              "block_size": a.block_size, "full": [], "points": []}
+              "block_size": a.block_size, "windows": a.windows, "window_tokens": need, "full": [], "points": []}
     stem = Path(a.model).resolve().name
-    with Progress(len(policies) * len(lists["lengths"]), f"eviction frontier {stem}", "point") as bar, \
+    with Progress(len(policies) * len(lists["lengths"]) * a.windows, f"eviction frontier {stem}", "point") as bar, \
             heartbeat(bar):
-        for P in lists["lengths"]:
-            full, points = sweep_length(model, ids, P, policies, a, bar)
-            result["full"].append(full)
-            result["points"] += points
-            print(f"  prompt {P}: full cache {full['kv_mib']:.4g} MiB, loss {full['loss']:.4f}", flush=True)
+        for w in range(a.windows):
+            for P in lists["lengths"]:
+                full, points = sweep_length(model, ids[w:w + 1], P, policies, a, bar, window=w)
+                result["full"].append(full)
+                result["points"] += points
+                print(f"  window {w}, prompt {P}: full cache {full['kv_mib']:.4g} MiB, loss {full['loss']:.4f}",
+                      flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     png = plot(result, a.out / f"{stem}.png")

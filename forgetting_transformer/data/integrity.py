@@ -85,8 +85,7 @@ class ChunkLayout:
 
         One listing of the array directory when every chunk file lies in it (``.``-separated
         keys: the zarr v2 default), else one ``stat`` per expected chunk (nested ``c/i/j`` keys:
-        listing would open a directory per row). Both are linear in the number of chunks;
-        docs/data.md gives the measured cost."""
+        listing would open a directory per row). Both are linear in the number of chunks."""
         if self._sep == ".":
             present = np.zeros(self.grid, dtype=bool)
             with os.scandir(self._root) as it:

@@ -83,6 +83,34 @@ def test_frontier_end_to_end(tiny_hf, tmp_path, capsys):
         assert any(p["greedy_agreement"] < 1 for p in points)  # a 10% cache changes some of the tokens
 
 
+def test_windows_score_consecutive_stretches_of_the_text_and_average_with_an_interval(tiny_hf, tmp_path):
+    from eval.common import load_model_and_tokenizer
+    from eval.eviction.windows import mean_over_windows
+    from eval.reproduction_results import paired_interval
+
+    model_dir, text = tiny_hf
+    P, C = 40, 10
+    result = frontier.main(["--model", str(model_dir), "--text-file", str(text), "--lengths", str(P),
+                            "--fractions", "0.1", "--policies", "streaming,snapkv", "--windows", "3", "--continuation",
+                            str(C), "--new-tokens", "3", "--device", "cpu", "--out", str(tmp_path)])
+    assert [f["text_window"] for f in result["full"]] == [0, 1, 2] and result["window_tokens"] == P + C + 1
+    model, tok, _ = load_model_and_tokenizer(model_dir)
+    ids = torch.tensor(tok(text.read_text())["input_ids"])[None]
+    for w, full in enumerate(result["full"]):  # window w: the text's tokens from w * (P + C + 1) on
+        x = ids[:, w * (P + C + 1):]
+        own = model.model(x[:, :P + C], labels=x[:, 1:P + C + 1])[0, P:].detach()
+        assert abs(full["loss"] - float(own.double().mean())) < 1e-5
+    [full], [point, snapkv] = mean_over_windows(result)
+    assert snapkv["policy"] == "snapkv" and snapkv["window"] == 32  # SnapKV's own window, not the text's
+    diffs = [p["loss_diff"] for p in result["points"] if p["policy"] == "streaming"]
+    assert full["windows"] == point["windows"] == 3
+    assert full["loss"] == pytest.approx(sum(f["loss"] for f in result["full"]) / 3)
+    assert point["loss_diff"] == pytest.approx(sum(diffs) / 3)
+    assert point["loss_diff_ci"] == pytest.approx(list(paired_interval(diffs)[1:]))
+    assert point["greedy_identical_prefix"] == min(p["greedy_identical_prefix"] for p in result["points"]
+                                                   if p["policy"] == "streaming")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--policies", "acp,lru"], "--policies: unknown policy 'lru' (choose from acp, streaming, h2o, snapkv)"),
     (["--fractions", "0.1,1.5"], "--fractions: 1.5 is outside (0, 1]"),
@@ -91,7 +119,8 @@ def test_frontier_end_to_end(tiny_hf, tmp_path, capsys):
     (["--lengths", "64,0"], "--lengths: 0 is outside [1, inf)"),
     (["--acp-eps", "1"], "--acp-eps: 1 is outside (0, 1)"),
     (["--text-file", "/nonexistent/book.txt"], "--text-file: /nonexistent/book.txt not found"),
-    (["--lengths", "5000"], "+ --continuation (1024) + 1 need 6025"),
+    (["--lengths", "5000"], "+ --continuation (1024) + 1) need 6025"),
+    (["--lengths", "64", "--continuation", "100", "--windows", "50"], "--windows (50) x (the longest of --lengths"),
     (["--lengths", "64", "--continuation", "8", "--new-tokens", "2", "--policies", "streaming", "--kv-mib", "0.000001"],
      "holds no position"),
 ])

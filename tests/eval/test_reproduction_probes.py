@@ -50,7 +50,13 @@ def test_the_table_pairs_the_two_models_trial_by_trial_with_t_intervals():
     assert "the pair's difference is inconclusive" in verdict_retrieval(sweep() + [fox, tr])  # 0.15 ± 0.21
     tr.retrieval = retrieval(lambda n, d, t: 0.1 + 0.01 * t, lambda n, d, t: 1)
     said = verdict_retrieval(sweep() + [fox, tr])
-    assert "FoX (Pro) draws nothing measurable" in said and "the Transformer (Pro) draws more" in said
+    assert "FoX (Pro) draws nothing measurable from the needle inside the training length" in said
+    assert "the Transformer (Pro) draws more" in said and "prompts of 1,024 tokens" in said
+    assert "Beyond the training length (8,192; seed 3)" in said
+    for r in (fox, tr):  # a model trained shorter than every prompt: the verdict pools what there is, and says so
+        r.retrieval["train_len"] = 512
+    said = verdict_retrieval(sweep() + [fox, tr])
+    assert "beyond the training length (no prompt fits inside it)" in said and "prompts of 1,024, 8,192" in said
 
 
 def test_runs_with_other_draws_do_not_pair():
@@ -66,9 +72,10 @@ def frontier(points, lengths=(4096, 16384)):
             "full": [{"length": n, "loss": 4.5, "kv_mib": 100.0} for n in lengths]}
 
 
-def point(n, policy, diff, agree, fraction=None, eps=None):
-    return {"length": n, "policy": policy, "fraction": fraction, "eps": eps, "kept_fraction": fraction or 0.05,
-            "kv_mib": 5.0, "loss_diff": diff, "greedy_agreement": agree}
+def point(n, policy, diff, agree, fraction=None, eps=None, window=0):
+    return {"length": n, "text_window": window, "policy": policy, "fraction": fraction, "eps": eps,
+            "kept_fraction": fraction or 0.05, "kv_mib": 5.0, "loss": 4.5 + diff, "loss_diff": diff,
+            "greedy_agreement": agree, "greedy_identical_prefix": 3}
 
 
 def test_the_frontier_tables_show_each_point_and_the_summary_its_extremes():
@@ -84,3 +91,13 @@ def test_the_frontier_tables_show_each_point_and_the_summary_its_extremes():
     summary = verdict_frontier(sweep() + [fox, tr])
     assert "ACP keeps 5.0–5.0%" in summary and "every greedy token matches" in summary
     assert "keeping 1% costs +0.0500 to +0.0500" in summary and "2 of its 2 evicted points score below" in summary
+
+
+def test_frontier_cells_carry_the_interval_across_windows():
+    pts = [point(4096, "snapkv", d, 1.0, fraction=0.1, window=w) for w, d in enumerate((0.01, 0.03))]
+    res = frontier(pts, lengths=(4096,))
+    res["full"] = [dict(res["full"][0], text_window=w) for w in (0, 1)]
+    res["windows"] = 2
+    text = frontier_table(sweep() + [run("transformer_pro_released", 2e-3, frontier=res)])
+    half = t_975(1) * np.std([0.01, 0.03], ddof=1) / 2 ** 0.5
+    assert f"+0.0200 ±{half:.4f} (1.00)" in text and "2 windows" in text

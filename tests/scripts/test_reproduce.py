@@ -37,11 +37,15 @@ def corpus(tmp_path_factory):
     return root
 
 
+# the evaluations at prompt lengths and counts a toy model on the CPU scores in seconds
+TOY_EVALS = ["--niah-args=--lengths 256,512", "--retrieval-args=--lengths 256,512 --trials 4",
+             "--frontier-args=--lengths 256 --continuation 128 --new-tokens 8 --fractions 0.02,0.5 --acp-eps 1e-2"]
+
+
 def reproduce(corpus, tmp, *args):
     cmd = [sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(corpus),
            "--out", str(tmp / "results"), "--work", str(tmp / "work"), "--data-dir", str(tmp / "data"),
-           "--vocab-size", "512", "--doc-len", "512", "--niah-lengths", "256,512", "--retrieval-lengths", "256,512",
-           "--frontier-lengths", "256", "--gpus", "cpu:2", *args,
+           "--vocab-size", "512", "--doc-len", "512", *TOY_EVALS, "--gpus", "cpu:2", *args,
            "--override", *TOY]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3000)  # ~4 min unloaded
 
@@ -79,7 +83,7 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
     runs = runs_of(tmp)
     unique = {run.name(lr) for run, lr in rp.planned(rp.suite(), tmp / "results", TOY_PARTS)
               if any(fnmatch.fnmatch(run.name(lr), x) for x in TOY_ONLY.split(","))}
-    assert len(runs) == len(unique) and 18 <= len(unique) <= 19 and len(rp.suite()) == 61
+    assert len(runs) == len(unique) and 18 <= len(unique) <= 19 and len(rp.suite()) == 64
     assert {d["part"] for d in runs.values()} == set(TOY_PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -155,9 +159,10 @@ def test_the_released_pair_runs_the_retrieval_probes_and_the_eviction_frontier(s
         if not pair:
             continue
         probe = json.loads(next((run / "retrieval").glob("*_retrieval.json")).read_text())
-        assert probe["lengths"] == [256, 512] and len(probe["needle_gain"]["cells"]) == 2 * len(probe["depths"])
+        assert probe["lengths"] == [256, 512] and probe["trials"] == 4
+        assert len(probe["needle_gain"]["cells"]) == 2 * len(probe["depths"])
         frontier = json.loads(next((run / "eviction").glob("*.json")).read_text())
-        assert [f["length"] for f in frontier["full"]] == [256]
+        assert [(f["length"], f["text_window"]) for f in frontier["full"]] == [(256, 0), (256, 1), (256, 2)]
         policies = {p["policy"] for p in frontier["points"]}
         assert policies == ({"acp", "streaming", "h2o", "snapkv"} if done["model"] == "fox_pro" else
                             {"streaming", "h2o", "snapkv"}), name
