@@ -19,7 +19,6 @@ from eval.eviction.windows import mean_over_windows
 from eval.reproduction_results import LABELS, RunResult, paired_interval, picks, primary
 
 PAIR = (("fox_pro_released", "fox"), ("transformer_pro_released", "transformer"))
-FRONTIER_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)  # the kept fractions the tables show (scripts/reproduce.py)
 
 
 def probe_runs(runs: list[RunResult], what: str) -> list[RunResult]:
@@ -108,31 +107,43 @@ def pooled(res: dict, lengths: list[int]) -> np.ndarray:
     return np.mean([trial_means(res, "needle_gain", n, inside(res)) for n in lengths], axis=0)
 
 
+def draws(ci) -> str:
+    return "draws on the needle" if ci and ci[1] > 0 else "draws nothing measurable from the needle"
+
+
+def retrieval_reading(pairs: dict[int, tuple[RunResult, RunResult]]) -> dict:
+    """What the verdict and the summary line say, from the pairs' needle gains at depths < 1 pooled over the
+    lengths ``split_lengths`` picks: per trial for one seed, per seed (each seed's mean over trials) for several."""
+    seed, (fox, _) = next(iter(pairs.items()))
+    within, beyond, where = split_lengths(fox.retrieval)
+    gains = [(pooled(f.retrieval, within), pooled(t.retrieval, within)) for f, t in pairs.values()]
+    if len(pairs) > 1:
+        f_in, t_in = np.array([f.mean() for f, _ in gains]), np.array([t.mean() for _, t in gains])
+        seeds = f"{len(pairs)} seeds, each seed's mean over trials"
+    else:
+        (f_in, t_in), seeds = gains[0], f"seed {seed}, {len(gains[0][0])} trials"
+    return {"seed": seed, "within": within, "beyond": beyond, "where": where, "seeds": seeds, "fox": f_in,
+            "transformer": t_in, "ci_fox": paired_interval(list(f_in)),
+            "ci_transformer": paired_interval(list(t_in)), "ci_diff": paired_interval(list(t_in - f_in))}
+
+
 def verdict_retrieval(runs: list[RunResult]) -> str:
     pairs = retrieval_pairs(probe_runs(runs, "retrieval"))
     if not pairs:
         return "**Verdict: not run yet.** The retrieval probes need the released pair at one seed at least."
-    seed, (fox, tr) = next(iter(pairs.items()))  # the trials of one seed; with more seeds, the seeds' spread
-    train_len, (within, beyond, where) = fox.retrieval["train_len"], split_lengths(fox.retrieval)
-    f_in, t_in = pooled(fox.retrieval, within), pooled(tr.retrieval, within)
-    if len(pairs) > 1:
-        seeds = f"{len(pairs)} seeds, each seed's mean over trials"
-        f_in = np.array([pooled(f.retrieval, within).mean() for f, _ in pairs.values()])
-        t_in = np.array([pooled(t.retrieval, within).mean() for _, t in pairs.values()])
-    else:
-        seeds = f"seed {seed}, {len(f_in)} trials"
-    ci_fox, ci_diff = paired_interval(list(f_in)), paired_interval(list(t_in - f_in))
-    fox_uses = "draws on the needle" if ci_fox and ci_fox[1] > 0 else "draws nothing measurable from the needle"
+    g = retrieval_reading(pairs)
+    fox, tr = pairs[g["seed"]]
+    ci_diff, f_in, t_in = g["ci_diff"], g["fox"], g["transformer"]
     more = ("the Transformer (Pro) draws more" if ci_diff and ci_diff[1] > 0 else
             "the Transformer (Pro) draws less" if ci_diff and ci_diff[2] < 0 else
             "the pair's difference is inconclusive")
-    text = (f"**Verdict ({seeds}): FoX (Pro) {fox_uses} {where}; {more}.** With the needle inside the haystack "
-            f"(depths < 1) and prompts of {', '.join(format(n, ',') for n in within)} tokens (training length "
-            f"{train_len:,}), FoX (Pro) gains {mean_ci(f_in)} nats per answer token, the Transformer (Pro) "
-            f"{mean_ci(t_in)}, the difference {mean_ci(t_in - f_in)}.")
-    if beyond:
-        text += (f" Beyond the training length ({', '.join(format(n, ',') for n in beyond)}; seed {seed}) FoX (Pro) "
-                 f"gains {mean_ci(pooled(fox.retrieval, beyond))}, the Transformer (Pro) "
+    text = (f"**Verdict ({g['seeds']}): FoX (Pro) {draws(g['ci_fox'])} {g['where']}; {more}.** With the needle "
+            f"inside the haystack (depths < 1) and prompts of {', '.join(format(n, ',') for n in g['within'])} "
+            f"tokens (training length {fox.retrieval['train_len']:,}), FoX (Pro) gains {mean_ci(f_in)} nats per "
+            f"answer token, the Transformer (Pro) {mean_ci(t_in)}, the difference {mean_ci(t_in - f_in)}.")
+    if beyond := g["beyond"]:
+        text += (f" Beyond the training length ({', '.join(format(n, ',') for n in beyond)}; seed {g['seed']}) FoX "
+                 f"(Pro) gains {mean_ci(pooled(fox.retrieval, beyond))}, the Transformer (Pro) "
                  f"{mean_ci(pooled(tr.retrieval, beyond))}.")
     return (text + " A needle just before the question (depth 1) lifts both models: that is copying from the last "
             "few hundred tokens. The paper's models (760M, 48B tokens) retrieve at every depth; these runs do not "
@@ -148,6 +159,7 @@ def frontier_table(runs: list[RunResult]) -> str:
     chosen = probe_runs(runs, "frontier")
     if not chosen:
         return "Not run yet: `--parts released` runs the frontier after training."
+    fractions = sorted({round(p["fraction"], 6) for r in chosen for p in r.frontier["points"] if p.get("fraction")})
     rows, acp_rows = [], []
     for r in chosen:
         fulls, points = mean_over_windows(r.frontier)
@@ -158,12 +170,12 @@ def frontier_table(runs: list[RunResult]) -> str:
                 got = {round(p["fraction"], 6): p for p in pts if p["policy"] == policy and p.get("fraction")}
                 rows.append([LABELS[r.label], f"{n:,}", f"{full['loss']:.4f}", policy,
                              *(f"{change(got[f])} ({got[f]['greedy_agreement']:.2f})" if f in got else "–"
-                               for f in FRONTIER_FRACTIONS)])
+                               for f in fractions)])
             acp_rows += [[LABELS[r.label], f"{n:,}", f"{p['eps']:g}", f"{100 * p['kept_fraction']:.1f}%",
                           f"{p['kv_mib']:.1f} of {full['kv_mib']:.0f}", change(p),
                           f"{p['greedy_agreement']:.2f}"] for p in pts if p["policy"] == "acp" and p["eps"]]
-    text = table(["model", "prompt", "full cache loss", "policy", *(f"keep {f:.0%}" for f in FRONTIER_FRACTIONS)],
-                 rows, "lrrl" + "r" * len(FRONTIER_FRACTIONS))
+    text = table(["model", "prompt", "full cache loss", "policy", *(f"keep {f:.0%}" for f in fractions)],
+                 rows, "lrrl" + "r" * len(fractions))
     if acp_rows:
         text += "\n\n" + table(["model", "prompt", "ACP eps", "kept", "KV MiB kept", "loss change", "greedy agreement"],
                                acp_rows, "lrrrrrr")
@@ -246,14 +258,9 @@ def retrieval_summary(runs: list[RunResult]) -> str:
     pairs = retrieval_pairs(probe_runs(runs, "retrieval"))
     if not pairs:
         return "not run"
-    fox, tr = next(iter(pairs.values()))
-    within, _, where = split_lengths(fox.retrieval)
-    f_ci = paired_interval(list(pooled(fox.retrieval, within)))
-    t_ci = paired_interval(list(pooled(tr.retrieval, within)))
-
-    def uses(ci):
-        return "draws on the needle" if ci and ci[1] > 0 else "draws nothing measurable"
-    return (f"log-likelihood probe, {where}: FoX (Pro) {uses(f_ci)}, Transformer (Pro) {uses(t_ci)} "
+    g = retrieval_reading(pairs)
+    return (f"log-likelihood probe, {g['where']}: FoX (Pro) {draws(g['ci_fox']).removesuffix(' from the needle')}, "
+            f"Transformer (Pro) {draws(g['ci_transformer']).removesuffix(' from the needle')} "
             f"({len(pairs)} seed{'s' * (len(pairs) != 1)}: inconclusive until 2)")
 
 

@@ -82,6 +82,7 @@ def test_the_frontier_tables_show_each_point_and_the_summary_its_extremes():
     fox_pts = [point(n, "streaming", 0.01 * f, 0.9, fraction=f) for n in (4096, 16384) for f in (0.01, 0.1)]
     fox_pts += [point(n, "acp", -0.0003, 1.0, eps=1e-2) for n in (4096, 16384)]
     tr_pts = [point(n, "h2o", 0.05 if n == 4096 else -0.2, 0.8, fraction=f) for n in (4096, 16384) for f in (0.01, 0.1)]
+    tr_pts.append(point(16384, "h2o", -0.2, 0.8, fraction=0.02))  # a column FoX's streaming rows lack
     fox = run("fox_pro_released", 1e-3, frontier=frontier(fox_pts))
     tr = run("transformer_pro_released", 2e-3, frontier=frontier(tr_pts))
     text = frontier_table(sweep() + [fox, tr])
@@ -90,7 +91,7 @@ def test_the_frontier_tables_show_each_point_and_the_summary_its_extremes():
     assert "| FoX (Pro) | 4,096 | 0.01 | 5.0% | 5.0 of 100 | -0.0003 | 1.00 |" in text
     summary = verdict_frontier(sweep() + [fox, tr])
     assert "ACP keeps 5.0–5.0%" in summary and "every greedy token matches" in summary
-    assert "keeping 1% costs +0.0500 to +0.0500" in summary and "2 of its 2 evicted points score below" in summary
+    assert "keeping 1% costs +0.0500 to +0.0500" in summary and "3 of its 3 evicted points score below" in summary
 
 
 def test_frontier_cells_carry_the_interval_across_windows():
