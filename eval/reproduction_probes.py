@@ -107,24 +107,40 @@ def pooled(res: dict, lengths: list[int]) -> np.ndarray:
     return np.mean([trial_means(res, "needle_gain", n, inside(res)) for n in lengths], axis=0)
 
 
-def draws(ci) -> str:
-    return "draws on the needle" if ci and ci[1] > 0 else "draws nothing measurable from the needle"
+def seed_gains(pairs: dict[int, tuple[RunResult, RunResult]], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(FoX (Pro)'s gains, the Transformer (Pro)'s) at depths < 1 pooled over ``lengths``: per trial for one seed,
+    per seed (each seed's mean over trials) for several."""
+    gains = [(pooled(f.retrieval, lengths), pooled(t.retrieval, lengths)) for f, t in pairs.values()]
+    if len(gains) == 1:
+        return gains[0]
+    return np.array([f.mean() for f, _ in gains]), np.array([t.mean() for _, t in gains])
+
+
+def draws(ci, per_seed: list[np.ndarray]) -> str:
+    """What a model's gains say: it draws on the needle when the interval lies above 0; one seed without that draws
+    nothing measurable; several say at how many seeds (each seed's trials) it does."""
+    if ci and ci[1] > 0:
+        return "draws on the needle"
+    if len(per_seed) == 1:
+        return "draws nothing measurable from the needle"
+    hits = sum(bool((c := paired_interval(list(g))) and c[1] > 0) for g in per_seed)
+    return f"draws on the needle at {hits} of {len(per_seed)} seeds"
 
 
 def retrieval_reading(pairs: dict[int, tuple[RunResult, RunResult]]) -> dict:
     """What the verdict and the summary line say, from the pairs' needle gains at depths < 1 pooled over the
-    lengths ``split_lengths`` picks: per trial for one seed, per seed (each seed's mean over trials) for several."""
+    lengths ``split_lengths`` picks (``seed_gains``)."""
     seed, (fox, _) = next(iter(pairs.items()))
     within, beyond, where = split_lengths(fox.retrieval)
-    gains = [(pooled(f.retrieval, within), pooled(t.retrieval, within)) for f, t in pairs.values()]
-    if len(pairs) > 1:
-        f_in, t_in = np.array([f.mean() for f, _ in gains]), np.array([t.mean() for _, t in gains])
-        seeds = f"{len(pairs)} seeds, each seed's mean over trials"
-    else:
-        (f_in, t_in), seeds = gains[0], f"seed {seed}, {len(gains[0][0])} trials"
-    return {"seed": seed, "within": within, "beyond": beyond, "where": where, "seeds": seeds, "fox": f_in,
-            "transformer": t_in, "ci_fox": paired_interval(list(f_in)),
-            "ci_transformer": paired_interval(list(t_in)), "ci_diff": paired_interval(list(t_in - f_in))}
+    f_in, t_in = seed_gains(pairs, within)
+    per_seed = [(pooled(f.retrieval, within), pooled(t.retrieval, within)) for f, t in pairs.values()]
+    ci_fox, ci_tr = paired_interval(list(f_in)), paired_interval(list(t_in))
+    return {"seed": seed, "within": within, "beyond": beyond, "where": where, "fox": f_in, "transformer": t_in,
+            "seeds": (f"seed {seed}, {len(f_in)} trials" if len(pairs) == 1 else
+                      f"{len(pairs)} seeds, each seed's mean over trials"),
+            "draws_fox": draws(ci_fox, [f for f, _ in per_seed]),
+            "draws_transformer": draws(ci_tr, [t for _, t in per_seed]),
+            "per_seed": dict(zip(pairs, per_seed)), "ci_diff": paired_interval(list(t_in - f_in))}
 
 
 def verdict_retrieval(runs: list[RunResult]) -> str:
@@ -132,19 +148,23 @@ def verdict_retrieval(runs: list[RunResult]) -> str:
     if not pairs:
         return "**Verdict: not run yet.** The retrieval probes need the released pair at one seed at least."
     g = retrieval_reading(pairs)
-    fox, tr = pairs[g["seed"]]
     ci_diff, f_in, t_in = g["ci_diff"], g["fox"], g["transformer"]
     more = ("the Transformer (Pro) draws more" if ci_diff and ci_diff[1] > 0 else
             "the Transformer (Pro) draws less" if ci_diff and ci_diff[2] < 0 else
             "the pair's difference is inconclusive")
-    text = (f"**Verdict ({g['seeds']}): FoX (Pro) {draws(g['ci_fox'])} {g['where']}; {more}.** With the needle "
+    text = (f"**Verdict ({g['seeds']}): FoX (Pro) {g['draws_fox']} {g['where']}; {more}.** With the needle "
             f"inside the haystack (depths < 1) and prompts of {', '.join(format(n, ',') for n in g['within'])} "
-            f"tokens (training length {fox.retrieval['train_len']:,}), FoX (Pro) gains {mean_ci(f_in)} nats per "
-            f"answer token, the Transformer (Pro) {mean_ci(t_in)}, the difference {mean_ci(t_in - f_in)}.")
+            f"tokens (training length {pairs[g['seed']][0].retrieval['train_len']:,}), FoX (Pro) gains "
+            f"{mean_ci(f_in)} nats per answer token, the Transformer (Pro) {mean_ci(t_in)}, the difference "
+            f"{mean_ci(t_in - f_in)}.")
+    if len(pairs) > 1:
+        text += " Per seed, over its trials: " + "; ".join(
+            f"seed {seed} FoX (Pro) {mean_ci(f)}, Transformer (Pro) {mean_ci(t)}" for seed, (f, t) in
+            g["per_seed"].items()) + "."
     if beyond := g["beyond"]:
-        text += (f" Beyond the training length ({', '.join(format(n, ',') for n in beyond)}; seed {g['seed']}) FoX "
-                 f"(Pro) gains {mean_ci(pooled(fox.retrieval, beyond))}, the Transformer (Pro) "
-                 f"{mean_ci(pooled(tr.retrieval, beyond))}.")
+        f_out, t_out = seed_gains(pairs, beyond)
+        text += (f" Beyond the training length ({', '.join(format(n, ',') for n in beyond)}; {g['seeds']}) FoX "
+                 f"(Pro) gains {mean_ci(f_out)}, the Transformer (Pro) {mean_ci(t_out)}.")
     return (text + " A needle just before the question (depth 1) lifts both models: that is copying from the last "
             "few hundred tokens. The paper's models (760M, 48B tokens) retrieve at every depth; these runs do not "
             "test that scale.")
@@ -168,11 +188,11 @@ def frontier_table(runs: list[RunResult]) -> str:
             pts = [p for p in points if p["length"] == n]
             for policy in dict.fromkeys(p["policy"] for p in pts if p["policy"] != "acp"):
                 got = {round(p["fraction"], 6): p for p in pts if p["policy"] == policy and p.get("fraction")}
-                rows.append([LABELS[r.label], f"{n:,}", f"{full['loss']:.4f}", policy,
+                rows.append([f"{LABELS[r.label]}, seed {r.seed}", f"{n:,}", f"{full['loss']:.4f}", policy,
                              *(f"{change(got[f])} ({got[f]['greedy_agreement']:.2f})" if f in got else "–"
                                for f in fractions)])
-            acp_rows += [[LABELS[r.label], f"{n:,}", f"{p['eps']:g}", f"{100 * p['kept_fraction']:.1f}%",
-                          f"{p['kv_mib']:.1f} of {full['kv_mib']:.0f}", change(p),
+            acp_rows += [[f"{LABELS[r.label]}, seed {r.seed}", f"{n:,}", f"{p['eps']:g}",
+                          f"{100 * p['kept_fraction']:.1f}%", f"{p['kv_mib']:.1f} of {full['kv_mib']:.0f}", change(p),
                           f"{p['greedy_agreement']:.2f}"] for p in pts if p["policy"] == "acp" and p["eps"]]
     text = table(["model", "prompt", "full cache loss", "policy", *(f"keep {f:.0%}" for f in fractions)],
                  rows, "lrrl" + "r" * len(fractions))
@@ -241,16 +261,20 @@ def transformer_frontier(r: RunResult) -> str:
 
 
 def verdict_frontier(runs: list[RunResult]) -> str:
+    """A sentence per seed of the released pair: the frontier is read seed by seed, each over its own windows."""
     chosen = probe_runs(runs, "frontier")
-    fox = [r for r in chosen if r.label == "fox_pro_released"]
-    if not fox:
+    if not any(r.label == "fox_pro_released" for r in chosen):
         return "**Not run yet.**"
-    tr = [r for r in chosen if r.label == "transformer_pro_released"]
-    text = fox_frontier(fox[0]) + (transformer_frontier(tr[0]) if tr else "")
-    windows = fox[0].frontier.get("windows", 1)
-    return text + (f" One seed, {windows} windows of the text." if windows > 1 else
-                   " One seed, one window of the text: the differences are paired on the same tokens, not averaged "
-                   "over texts.")
+    text = []
+    for seed in sorted({r.seed for r in chosen}):
+        got = {r.label: r for r in chosen if r.seed == seed}
+        windows = next(iter(got.values())).frontier.get("windows", 1)
+        text.append((fox_frontier(got["fox_pro_released"]) if "fox_pro_released" in got else "")
+                    + (transformer_frontier(got["transformer_pro_released"])
+                       if "transformer_pro_released" in got else "")
+                    + (f" Seed {seed}: {windows} windows of the text." if windows > 1 else
+                       f" Seed {seed}: one window of the text, the differences paired on the same tokens."))
+    return "\n\n".join(t.strip() for t in text)
 
 
 def retrieval_summary(runs: list[RunResult]) -> str:
@@ -259,9 +283,9 @@ def retrieval_summary(runs: list[RunResult]) -> str:
     if not pairs:
         return "not run"
     g = retrieval_reading(pairs)
-    return (f"log-likelihood probe, {g['where']}: FoX (Pro) {draws(g['ci_fox']).removesuffix(' from the needle')}, "
-            f"Transformer (Pro) {draws(g['ci_transformer']).removesuffix(' from the needle')} "
-            f"({len(pairs)} seed{'s' * (len(pairs) != 1)}: inconclusive until 2)")
+    return (f"log-likelihood probe, {g['where']}: FoX (Pro) {g['draws_fox'].removesuffix(' from the needle')}, "
+            f"Transformer (Pro) {g['draws_transformer'].removesuffix(' from the needle')} "
+            + ("(1 seed: inconclusive until 2)" if len(pairs) == 1 else f"({len(pairs)} seeds)"))
 
 
 def copy_frontier_plots(runs: list[RunResult], image_dir: Path) -> list[Path]:

@@ -54,16 +54,14 @@ def removals(runs) -> list[tuple[str, list[float]]]:
             for k, name in REMOVALS]
 
 
-def _fox_mean(runs) -> float:
-    """FoX (Pro)'s mean held-out loss over its released-definition seeds (nan without any)."""
-    rs = by_seed(runs, "fox_pro_released", picks(runs).get("fox")).values()
-    return float(np.mean([r.heldout for r in rs])) if rs else math.nan
+def baseline_diffs(runs) -> dict[str, list[float]]:
+    """label → the baseline at its best rate minus FoX (Pro) at the same seeds (claim 1's paired differences)."""
+    fox = by_seed(runs, "fox_pro_released", picks(runs).get("fox"))
+    return {b: paired(by_seed(runs, b, lr), fox) for b, lr in baseline_pick(runs).items()}
 
 
-def _below_fox(runs) -> list[str]:
-    """The baselines whose best run is below FoX (Pro)'s mean."""
-    fox = _fox_mean(runs)
-    return [LABELS[b] for b, lr in baseline_pick(runs).items() if by_seed(runs, b, lr)[0].heldout < fox]
+def _seeds(n: int) -> str:
+    return f"{n} seed{'s' * (n != 1)}"
 
 
 def _full(r: RunResult) -> bool:
@@ -104,20 +102,15 @@ def claim1(runs: list[RunResult]) -> str:
 
 
 def baselines_sentence(runs) -> str:
-    best = baseline_pick(runs)
-    if not best:
+    diffs = baseline_diffs(runs)
+    if not diffs:
         return "The recurrent baselines: not run yet (`--parts baselines`)."
-    fox = _fox_mean(runs)
-    parts = [f"{LABELS[b]} {_d(by_seed(runs, b, lr)[0].heldout - fox)}" for b, lr in best.items()]
-    below = _below_fox(runs)
-    text = (f"**The paper's recurrent baselines**, one seed each at the best of three rates, against the mean of "
-            f"FoX (Pro)'s seeds: {', '.join(parts)} nats/token. ")
-    if below:
-        text += (f"{' and '.join(below)} {'is' if len(below) == 1 else 'are'} below FoX (Pro) at this scale, where "
-                 "the paper has every baseline above both FoX models (Table 1 of docs/official.md). One seed each: "
-                 "inconclusive until they have three.")
-    else:
-        text += "All are above FoX (Pro), as in the paper (one seed each)."
+    parts = [f"{LABELS[b]} {_d(np.mean(d))}{f' {_ci(d)}' * (len(d) > 1)}, {_seeds_verdict(d, +1)} "
+             f"({_seeds(len(d))})" for b, d in diffs.items() if d]
+    text = ("**The paper's recurrent baselines** at their best rate, minus FoX (Pro) at the same seeds (the paper: "
+            f"every baseline above both FoX models, Table 1 of docs/official.md): {'; '.join(parts)}.")
+    if short := [LABELS[b] for b, d in diffs.items() if len(d) < 3]:
+        text += f" {' and '.join(short)} {'has' if len(short) == 1 else 'have'} fewer than three seeds."
     return text
 
 
@@ -125,8 +118,8 @@ def baselines(runs: list[RunResult]) -> str:
     best = baseline_pick(runs)
     if not best:
         return "Not run yet: `--parts baselines`."
-    lrs = sorted({r.lr for r in runs if r.part == "baselines"})
-    edge = [LABELS[b] for b, lr in best.items() if lr in (lrs[0], lrs[-1])]
+    grid = {b: sorted(r.lr for r in runs if r.part == "baselines" and r.label == b and r.seed == 0) for b in best}
+    edge = [LABELS[b] for b, lr in best.items() if lr in (grid[b][0], grid[b][-1])]
     fox = list(by_seed(runs, "fox_pro_released", picks(runs).get("fox")).values())
     text = f"Best rates: {', '.join(f'{LABELS[b]} {lr:g}' for b, lr in best.items())}."
     if edge:
@@ -385,9 +378,9 @@ def summary(runs: list[RunResult]) -> str:
     rows.append(["1. FoX beats the Transformer", f"Pro: {v_pro} ({len(pro)} seeds); LLaMA: {v_llama} "
                  f"({len(llama)} seeds)"])
     rows.append(["1. FoX (Pro) beats FoX (LLaMA)", f"{v_order} ({len(order)} seeds)"])
-    best, below = baseline_pick(runs), _below_fox(runs)
-    rows.append(["1. FoX beats Mamba-2, HGRN2 and DeltaNet", ("inconclusive (one seed each); " +
-                 (f"{', '.join(below)} below FoX (Pro)" if below else "all above FoX (Pro)")) if best else "not run"])
+    rows.append(["1. FoX beats Mamba-2, HGRN2 and DeltaNet", "; ".join(
+        f"{LABELS[b]}: {_seeds_verdict(d, +1)} ({_seeds(len(d))}{', below FoX (Pro)' * bool(np.mean(d) < 0)})"
+        for b, d in baseline_diffs(runs).items() if d) or "not run"])
     rows.append(["2. Past the training length FoX's L(i) stays flat, the Transformer's with RoPE rises",
                  _beyond(claim2_runs(runs))])
     rows.append(["2. FoX's advantage grows with position inside the training length", _grows(runs)[1]])

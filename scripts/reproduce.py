@@ -27,14 +27,14 @@ one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes 
     gates      Table 3 (cont.): data-independent and fixed forget gates, FoX (Pro) + RoPE, Transformer w/o RoPE
     acp        FoX (Pro) with ACP (model.acp=true), seeds 0 and 1, checkpoints kept to measure pruning over training
     path       PaTH (Pro) and PaTH-FoX (Pro), seed 0, at the FoX (Pro) pick (not swept for PaTH; docs/path.md)
-    released   FoX (Pro), Transformer (Pro) and FoX (Pro) without KV-shift as the released models define them
-               (per-head output norm, QK-norm eps 1e-5), seeds 0, 1, 2, 3. The Pro runs of the other parts keep the
-               definition they were trained with (the output norm shared across heads, QK-norm eps 1e-6):
-               ``LEGACY_OVERRIDES``.
+    released   FoX (Pro), Transformer (Pro) and FoX (Pro) without KV-shift as released (per-head output norm, QK-norm
+               eps 1e-5), seeds 0-4; the other parts' Pro runs keep their old definition (``LEGACY_OVERRIDES``)
     released-ablations  the other three Table 3 switches (output gate, output norm, QK-norm) on the released
                FoX (Pro), seeds 0, 1, 2
     llama-seeds  FoX (LLaMA) and Transformer (LLaMA) at their own pick (1e-3, ``lr-llama``), seeds 1 and 2
-    baselines  the paper's recurrent baselines Mamba-2, HGRN2 and DeltaNet (fla) at 1e-3, 2e-3 and 4e-3, seed 0
+    baselines  the paper's recurrent baselines Mamba-2, HGRN2 and DeltaNet (fla) at 1e-3, 2e-3 and 4e-3, seed 0, and
+               one rate past the grid's end where that end came out best (Mamba-2 8e-3, HGRN2 5e-4)
+    baseline-seeds  seeds 1 and 2 of each baseline at its best rate once that rate is inside its grid (DeltaNet 2e-3)
 
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
 Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
@@ -70,8 +70,7 @@ SIZE = "125m"
 VOCAB_SIZE, DOC_LEN = 16384, 16384
 DEFAULT_SHARDS = ("train-00", "train-01")
 SWEEP = {"lr": (1e-3, 2e-3), "lr-wide": (5e-4, 4e-3)}
-# The LLaMA pair's own sweep: with the main part's run (FoX (LLaMA) at 1e-3, Transformer (LLaMA) at 2e-3, the Pro
-# picks) each model has the four rates of the Pro sweep
+# The LLaMA pair's own sweep: with main's run at the Pro picks, each model has the Pro sweep's four rates
 LLAMA_SWEEP = {"fox_llama": (5e-4, 2e-3, 4e-3), "transformer_llama": (5e-4, 1e-3, 4e-3)}
 NIAH_LENGTHS, NIAH_DEPTHS = "2k,4k,8k,16k", "0,50,100"
 RETRIEVAL_LENGTHS = "1k,2k,4k,8k,16k"  # the retrieval probes' grid: these lengths x eval.retrieval's five depths
@@ -79,7 +78,7 @@ FRONTIER_LENGTHS, FRONTIER_WINDOWS = "4096,16384,32768", "3"  # frontier prompts
 FRONTIER_ACP_EPS = "1e-6,1e-4,1e-2,0.1,0.5"  # ACP's points on the frontier (docs/eviction.md)
 GATES_LEN, ACP_LEN = 1024, 4096  # tokens of a held-out book: F / A maps; ACP statistics (the training length)
 ACP_CHECKPOINTS = 8  # the ACP runs keep this many checkpoints, evenly spaced, to measure pruning over training
-SMALL_FILES = ("config.yaml", "metrics.jsonl", "per_token_loss.json")
+SMALL_FILES = ("config.yaml", "metrics.jsonl", "per_token_loss.json", "acp_over_training.json")
 _HYDRA_LOCK = threading.Lock()
 
 
@@ -144,21 +143,26 @@ def suite() -> list[Run]:
     for seed in LLAMA_SEEDS:
         runs += [Run(model, model, model.split("_")[0], "llama-seeds", seed=seed, lr=LLAMA_PICK)
                  for model in LLAMA_SWEEP]
-    runs += [Run(model, model, "baseline", "baselines", lr=lr) for model in BASELINES for lr in BASELINE_LRS]
+    runs += [Run(model, model, "baseline", "baselines", lr=lr) for model, lrs in BASELINE_LRS.items() for lr in lrs]
+    runs += [Run(model, model, "baseline", "baseline-seeds", seed=seed, lr=lr)
+             for model, lr in BASELINE_PICK.items() for seed in BASELINE_SEEDS]
     return runs
 
 
 PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released", "released-ablations",
-         "llama-seeds", "baselines")
+         "llama-seeds", "baselines", "baseline-seeds")
 # The Pro models of every part but "released" keep the definition they were trained with: the output norm's
 # weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
 # now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
 LEGACY_PRO = ("fox_pro", "transformer_pro", "fox_pro_data_independent", "fox_pro_fixed", "fox_pro_rope", "path_pro",
               "path_fox_pro")
 LEGACY_OVERRIDES = ("model.output_norm_per_head=false", "model.qk_norm_eps=null")
-RELEASED_SEEDS, RELEASED_ABLATION_SEEDS = (0, 1, 2, 3), (0, 1, 2)
+RELEASED_SEEDS, RELEASED_ABLATION_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
 LLAMA_PICK, LLAMA_SEEDS = 1e-3, (1, 2)  # both LLaMA models' best rate of their own sweep (lr-llama)
-BASELINES, BASELINE_LRS = ("mamba2", "hgrn2", "deltanet"), (1e-3, 2e-3, 4e-3)  # the paper's 2e-3 and either side
+# the paper's 2e-3 and either side, and one rate past an end of the grid that came out best; seeds 1 and 2 at a best
+# rate that is inside its grid (DeltaNet's; the others' not yet)
+BASELINE_LRS = {"mamba2": (1e-3, 2e-3, 4e-3, 8e-3), "hgrn2": (5e-4, 1e-3, 2e-3, 4e-3), "deltanet": (1e-3, 2e-3, 4e-3)}
+BASELINE_PICK, BASELINE_SEEDS = {"deltanet": 2e-3}, (1, 2)
 
 
 # ----------------------------------------------------------------------------------------------------- learning rates
@@ -366,9 +370,6 @@ def keep_results(run_dir: Path, dest: Path, record: dict, paths: dict[str, str])
                     (dest / sub / f.name).write_text(portable(f.read_text(), paths))
                 else:
                     shutil.copyfile(f, dest / sub / f.name)
-    if (run_dir / "acp_over_training.json").is_file():
-        (dest / "acp_over_training.json").write_text(portable((run_dir / "acp_over_training.json").read_text(),
-                                                              paths))
     record = {**record, "command": portable(record["command"], paths)}
     (dest / "done.json").write_text(json.dumps(record, indent=1) + "\n")
 
@@ -437,9 +438,8 @@ class Job:
     def progress(self) -> str:
         """The job's state and the last metrics line train.py printed."""
         last = ""
-        log = self.log_path
-        if log.is_file():
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("step ")]
+        if self.log_path.is_file():
+            lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.startswith("step ")]
             last = lines[-1][:100] if lines else ""
         elapsed = f"{time.time() - self.t0:.0f} s" if self.t0 else ""
         slot = "cpu" if self.gpu is None else f"gpu {self.gpu}"

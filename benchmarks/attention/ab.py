@@ -18,9 +18,12 @@ Timers: ``graph`` (GPU time, the call replayed from a CUDA graph; default), ``ea
 they do not hide), ``host`` (host microseconds per call of 10 back-to-back calls, the GPU not waited for),
 ``kernels`` (each kernel's GPU microseconds in one fwd+bwd call, torch.profiler). Shapes: S1..S4 and ``tiny``.
 
-The first round also compares the two sides' outputs (o, dq, dk, dv, d log f for a fixed do): bitwise equal or
-the relative L2 difference; ``--expect-equal`` exits 1 unless all are bitwise equal (a change that claims not to
-move a bit). Prints, per row, each side's median and its min-max over the rounds and ``A/B`` = A's median / B's
+One more process per side saves its outputs (o, dq, dk, dv, d log f for a fixed do), and the two sides' are
+compared: bitwise equal or the relative L2 difference; ``--expect-equal`` exits 1 unless all are bitwise equal (a change that claims not to
+move a bit). That process runs each side's fixed kernel configs (``FOX_AUTOTUNE=0``) and its deterministic
+backward (``torch.use_deterministic_algorithms``): autotuning picks configs by timing, and the fused backward
+accumulates dq with atomics, so the default path's bits may differ between two processes of one version.
+Prints, per row, each side's median and its min-max over the rounds and ``A/B`` = A's median / B's
 (> 1: B is faster); ``--out FILE`` appends the table with the device, versions and command to FILE. Without a
 CUDA device the processes time the PyTorch reference on the CPU (fp32; ``tiny`` is the sensible shape), which
 checks the tool, not the kernels.
@@ -73,12 +76,14 @@ def resolve_side(spec: str, repo: str = REPO) -> tuple[str, str]:
 
 
 def worker_command(root: str, args, dump: str | None = None) -> tuple[list[str], dict]:
-    """(argv, environment) of one timing process for the side at ``root``."""
+    """(argv, environment) of one timing process for the side at ``root``; with ``dump``, of the process that saves
+    the side's outputs there instead (fixed configs, deterministic backward)."""
     cmd = [sys.executable, "-P", os.path.abspath(__file__), "--worker", root, "--shapes", ",".join(args.shapes),
            "--cases", ",".join(args.cases), "--heads", args.heads, "--timer", args.timer]
+    env = dict(os.environ, PYTHONPATH=root)
     if dump:
         cmd += ["--dump", dump]
-    env = dict(os.environ, PYTHONPATH=root)
+        env["FOX_AUTOTUNE"] = "0"
     return cmd, env
 
 
@@ -125,18 +130,24 @@ def compare_outputs(path_a: str, path_b: str) -> tuple[list[str], int]:
     return lines, differ
 
 
+def own_package(res: dict, side: tuple[str, str]) -> dict:
+    """The worker's result, after checking that it imported its side's package."""
+    if not os.path.abspath(res["package"]).startswith(side[0] + os.sep):
+        raise RuntimeError(f"side {side[1]} imported {res['package']}, not its own package")
+    return res
+
+
 def main_ab(args) -> int:
     sides = [resolve_side(s) for s in (args.a, args.b)]
     runs = ([], [])
     dumps = tempfile.mkdtemp(prefix="ab_outputs_")
     atexit.register(shutil.rmtree, dumps, True)
+    for i in (0, 1):
+        own_package(run_worker(*worker_command(sides[i][0], args, os.path.join(dumps, f"{i}.pt"))), sides[i])
     for r in range(args.rounds):
         order = (0, 1) if r % 2 == 0 else (1, 0)
         for i in order:
-            dump = os.path.join(dumps, f"{i}.pt") if r == 0 else None
-            res = run_worker(*worker_command(sides[i][0], args, dump))
-            if not os.path.abspath(res["package"]).startswith(sides[i][0] + os.sep):
-                raise RuntimeError(f"side {sides[i][1]} imported {res['package']}, not its own package")
+            res = own_package(run_worker(*worker_command(sides[i][0], args)), sides[i])
             runs[i].append(res)
             print(f"round {r + 1} {sides[i][1]}: " + ", ".join(f"{k} {v:.4g}" for k, v in res["times"].items()),
                   flush=True)
@@ -181,12 +192,15 @@ def main_worker(args) -> None:
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.float32)
 
     times, dump = {}, {}
+    if args.dump:  # the outputs alone, bitwise reproducible (main_ab sets FOX_AUTOTUNE=0 for this process)
+        torch.use_deterministic_algorithms(True, warn_only=True)
     for sname in args.shapes:
         B, T, H, D = c.shape(sname)
         for case in args.cases:
             fn, inputs = c.case_inputs(case, B, T, H, D, heads=args.heads, dtype=dtype, device=device)
             if args.dump:
                 dump[f"{sname} {case}"] = [t.cpu() for t in c.outputs(fn, inputs)]
+                continue
             if args.timer == "kernels":
                 for name, us in c.kernel_us(fn, inputs).items():
                     times[f"{sname} {case} {name}"] = us

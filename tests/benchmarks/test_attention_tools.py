@@ -137,8 +137,10 @@ def test_ncu_paths_through_a_tile_loop():
 def test_ab_times_each_sides_own_package(tmp_path):
     """Side B is a copy of the package whose op sleeps 250 ms per call: the A/B table must put B above 250 ms and
     well above A, which it only does if each side's process times its own package (on the CPU: the PyTorch
-    reference). The margin is far above the tiny op's own time, even on a loaded machine. The outputs of the two
-    sides are the same computation, so they compare bitwise equal. The table names the device it ran on."""
+    reference; on a GPU the eager timer, which counts the host's sleep that a CUDA graph would not replay). The
+    margin is far above the tiny op's own time, even on a loaded machine. The outputs of the two sides are the same
+    computation, so they compare bitwise equal (on a GPU: fixed configs, deterministic backward). The table names
+    the device it ran on."""
     slow = tmp_path / "slow"
     shutil.copytree(ROOT / "forgetting_transformer", slow / "forgetting_transformer",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -147,8 +149,8 @@ def test_ab_times_each_sides_own_package(tmp_path):
                     "_fa = forgetting_attention\n\n\n"
                     "@_ft.wraps(_fa)\ndef forgetting_attention(*a, **kw):\n    _time.sleep(0.25)\n"
                     "    return _fa(*a, **kw)\n")
-    r = tool("ab", ROOT, slow, "--shapes", "tiny", "--cases", "dense", "--rounds", "2", "--expect-equal",
-             "--out", tmp_path / "ab.md", timeout=300)
+    r = tool("ab", ROOT, slow, "--shapes", "tiny", "--cases", "dense", "--rounds", "2", "--timer", "eager",
+             "--expect-equal", "--out", tmp_path / "ab.md", timeout=300)
     assert r.returncode == 0, r.stderr
     rows = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| tiny")}
     assert set(rows) == {"tiny dense fwd", "tiny dense fwd+bwd"}
@@ -179,6 +181,21 @@ def test_ab_expect_equal_fails_on_different_outputs(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "tiny acp: bitwise equal (o, dq, dk, dv, dlf): [False" in r.stdout
     assert "outputs differ in 1 case(s)" in r.stderr
+
+
+def test_ab_saves_outputs_with_fixed_configs_and_times_with_autotuning(monkeypatch):
+    """The outputs' process runs FOX_AUTOTUNE=0 (autotuning picks by timing: two processes may differ); the timing
+    processes keep the caller's environment, the default path autotuned."""
+    import argparse
+
+    from benchmarks.attention import ab
+
+    monkeypatch.delenv("FOX_AUTOTUNE", raising=False)
+    args = argparse.Namespace(shapes=["tiny"], cases=["dense"], heads="mixed", timer="graph")
+    cmd, env = ab.worker_command(str(ROOT), args, "/tmp/out.pt")
+    assert cmd[-2:] == ["--dump", "/tmp/out.pt"] and env["FOX_AUTOTUNE"] == "0" and env["PYTHONPATH"] == str(ROOT)
+    cmd, env = ab.worker_command(str(ROOT), args)
+    assert "--dump" not in cmd and "FOX_AUTOTUNE" not in env
 
 
 def test_ab_sides_are_checked(tmp_path):

@@ -4,8 +4,8 @@ pairing of two runs' trials, the verdict's words, and the frontier's cells (eval
 import numpy as np
 import pytest
 
-from eval.reproduction_probes import (frontier_table, retrieval_pairs, retrieval_table, trial_means, verdict_frontier,
-                                      verdict_retrieval)
+from eval.reproduction_probes import (frontier_table, retrieval_pairs, retrieval_summary, retrieval_table, trial_means,
+                                      verdict_frontier, verdict_retrieval)
 from eval.reproduction_results import RunResult, t_975
 
 LENGTHS, DEPTHS = [1024, 8192], [0, 0.5, 1]
@@ -20,8 +20,8 @@ def retrieval(gain, rank, seed=0):
             "needle_gain": {"cells": needle}, "passkey": {"cells": passkey, "chance": {"accuracy": 0.1}}}
 
 
-def run(label, lr, **kw):
-    return RunResult(f"{label}-lr{lr:g}-s3", label, 3, lr, "released", "GPU", "torch x", 4.0, None, **kw)
+def run(label, lr, seed=3, **kw):
+    return RunResult(f"{label}-lr{lr:g}-s{seed}", label, seed, lr, "released", "GPU", "torch x", 4.0, None, **kw)
 
 
 def sweep():
@@ -52,11 +52,31 @@ def test_the_table_pairs_the_two_models_trial_by_trial_with_t_intervals():
     said = verdict_retrieval(sweep() + [fox, tr])
     assert "FoX (Pro) draws nothing measurable from the needle inside the training length" in said
     assert "the Transformer (Pro) draws more" in said and "prompts of 1,024 tokens" in said
-    assert "Beyond the training length (8,192; seed 3)" in said
+    assert "Beyond the training length (8,192; seed 3, 4 trials)" in said
     for r in (fox, tr):  # a model trained shorter than every prompt: the verdict pools what there is, and says so
         r.retrieval["train_len"] = 512
     said = verdict_retrieval(sweep() + [fox, tr])
     assert "beyond the training length (no prompt fits inside it)" in said and "prompts of 1,024, 8,192" in said
+
+
+def test_several_seeds_are_read_from_each_seeds_mean_and_say_at_how_many_seeds_a_model_draws():
+    """Seed 3's FoX draws nothing, seed 4's draws 0.05 on every trial: across the two seeds' means the interval
+    spans 0, so the verdict counts the seeds whose own trials lie above 0 rather than saying nothing is drawn."""
+    gains = {3: lambda n, d, t: 0.001 * (t - 1.5), 4: lambda n, d, t: 0.05 + 0.001 * t}
+    runs = sweep()
+    for seed, gain in gains.items():
+        runs += [run("fox_pro_released", 1e-3, seed, retrieval=retrieval(gain, lambda n, d, t: 2)),
+                 run("transformer_pro_released", 2e-3, seed,
+                     retrieval=retrieval(lambda n, d, t: 0.1 + 0.01 * t, lambda n, d, t: 1))]
+    said = verdict_retrieval(runs)
+    assert said.startswith("**Verdict (2 seeds, each seed's mean over trials): FoX (Pro) draws on the needle at 1 of 2 "
+                           "seeds inside the training length")
+    fox_means = [0.0, 0.0515]  # each seed's mean over its 4 trials
+    half = t_975(1) * np.std(fox_means, ddof=1) / 2 ** 0.5
+    assert f"FoX (Pro) gains +0.026 [{0.02575 - half:+.3f}, {0.02575 + half:+.3f}]" in said
+    assert "seed 4 FoX (Pro) +0.052 [" in said and "Beyond the training length (8,192; 2 seeds" in said
+    assert retrieval_summary(runs).endswith("FoX (Pro) draws on the needle at 1 of 2 seeds, Transformer (Pro) draws "
+                                            "on the needle (2 seeds)")
 
 
 def test_runs_with_other_draws_do_not_pair():
@@ -86,12 +106,17 @@ def test_the_frontier_tables_show_each_point_and_the_summary_its_extremes():
     fox = run("fox_pro_released", 1e-3, frontier=frontier(fox_pts))
     tr = run("transformer_pro_released", 2e-3, frontier=frontier(tr_pts))
     text = frontier_table(sweep() + [fox, tr])
-    row = next(r for r in text.splitlines() if r.startswith("| FoX (Pro) | 16,384 | 4.5000 | streaming"))
+    row = next(r for r in text.splitlines() if r.startswith("| FoX (Pro), seed 3 | 16,384 | 4.5000 | streaming"))
     assert row.split(" | ")[4:6] == ["+0.0001 (0.90)", "–"]  # 1%, then 2% (not measured)
-    assert "| FoX (Pro) | 4,096 | 0.01 | 5.0% | 5.0 of 100 | -0.0003 | 1.00 |" in text
+    assert "| FoX (Pro), seed 3 | 4,096 | 0.01 | 5.0% | 5.0 of 100 | -0.0003 | 1.00 |" in text
     summary = verdict_frontier(sweep() + [fox, tr])
     assert "ACP keeps 5.0–5.0%" in summary and "every greedy token matches" in summary
     assert "keeping 1% costs +0.0500 to +0.0500" in summary and "3 of its 3 evicted points score below" in summary
+    assert summary.endswith("Seed 3: one window of the text, the differences paired on the same tokens.")
+    fox4 = run("fox_pro_released", 1e-3, 4, frontier=dict(frontier(fox_pts), windows=3))
+    summary = verdict_frontier(sweep() + [fox, tr, fox4])  # a sentence per seed, each with its windows
+    assert summary.count("**FoX (Pro), fox_pro_released-lr0.001-s") == 2 and summary.endswith(
+        "Seed 4: 3 windows of the text.")
 
 
 def test_frontier_cells_carry_the_interval_across_windows():

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from forgetting_transformer.data.prepare import EMBEDDED_CORPUS, iter_documents
@@ -51,8 +52,8 @@ def reproduce(corpus, tmp, *args):
 
 
 # Every part at the toy size, a run or a few of each (the sweep whole: the other parts train at its picks); not the
-# fla baselines, whose kernels need a GPU (their part is listed by a dry run below)
-TOY_PARTS = [p for p in rp.PARTS if p != "baselines"]
+# fla baselines, whose kernels need a GPU (their parts are listed by a dry run below)
+TOY_PARTS = [p for p in rp.PARTS if p not in ("baselines", "baseline-seeds")]
 TOY_ONLY = ",".join(["fox_pro-*", "transformer_pro-*-s0", "fox_llama-lr0.0005-s0", "fox_llama-*-s1",
                      "fox_pro_no_kv_shift-*", "fox_pro_fixed-*", "fox_pro_acp-*-s0", "path_pro-*", "path_fox_pro-*",
                      "fox_pro_released-*-s0", "transformer_pro_released-*-s0", "fox_pro_released_no_qk_norm-*-s0"])
@@ -83,7 +84,7 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
     runs = runs_of(tmp)
     unique = {run.name(lr) for run, lr in rp.planned(rp.suite(), tmp / "results", TOY_PARTS)
               if any(fnmatch.fnmatch(run.name(lr), x) for x in TOY_ONLY.split(","))}
-    assert len(runs) == len(unique) and 18 <= len(unique) <= 19 and len(rp.suite()) == 64
+    assert len(runs) == len(unique) and 18 <= len(unique) <= 19 and len(rp.suite()) == 71
     assert {d["part"] for d in runs.values()} == set(TOY_PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -141,9 +142,9 @@ def test_the_released_part_trains_the_released_definition_and_the_others_keep_th
         assert model.qk_norm_eps == (1e-5 if done["part"] in parts else None), name
     assert all("model.qk_norm=false" in d["command"] for d in released.values()
                if d["label"] == "fox_pro_released_no_qk_norm")
-    planned = [run for run in rp.suite() if run.part in parts]  # the pair and - KV-shift at 4 seeds, the rest at 3
+    planned = [run for run in rp.suite() if run.part in parts]  # the pair and - KV-shift at 5 seeds, the rest at 3
     expected = [(label, s) for label in ("fox_pro_released", "transformer_pro_released",
-                                         "fox_pro_released_no_kv_shift") for s in (0, 1, 2, 3)]
+                                         "fox_pro_released_no_kv_shift") for s in (0, 1, 2, 3, 4)]
     expected += [(f"fox_pro_released_no_{x}", s) for x in ("output_gate", "output_norm", "qk_norm") for s in (0, 1, 2)]
     assert sorted({(r.label, r.seed) for r in planned}) == sorted(expected)
 
@@ -279,6 +280,34 @@ def test_speeds_compare_only_runs_that_had_their_gpu_alone():
     assert "FoX (Pro)" not in speed(runs) and "FoX (LLaMA)" in speed(runs)
 
 
+def test_baselines_pair_with_fox_at_equal_seeds_and_each_grid_has_its_own_ends():
+    """DeltaNet with three seeds gets an interval and a verdict, the one-seed baselines stay inconclusive; HGRN2's
+    best rate (1e-3) is the low end of its own grid though not of the union of the grids."""
+    from eval.reproduction_results import RunResult
+    from eval.reproduction_verdicts import baselines, baselines_sentence, summary
+
+    def r(label, lr, seed, part, loss):
+        return RunResult(f"{label}-lr{lr:g}-s{seed}", label, seed, lr, part, "GPU", "v", loss, None)
+
+    runs = [r(m, lr, 0, "lr", loss) for m, lr, loss in (("fox_pro", 1e-3, 4.0), ("fox_pro", 2e-3, 4.1),
+                                                        ("transformer_pro", 1e-3, 4.3), ("transformer_pro", 2e-3, 4.2))]
+    runs += [r("fox_pro_released", 1e-3, s, "released", loss) for s, loss in enumerate((4.10, 4.12, 4.11))]
+    runs += [r("deltanet", lr, 0, "baselines", loss) for lr, loss in ((1e-3, 4.5), (2e-3, 4.3), (4e-3, 4.6))]
+    runs += [r("deltanet", 2e-3, s, "baseline-seeds", loss) for s, loss in ((1, 4.33), (2, 4.31))]
+    runs += [r("hgrn2", lr, 0, "baselines", loss) for lr, loss in ((1e-3, 4.0), (2e-3, 4.1), (4e-3, 4.2))]
+    runs += [r("mamba2", lr, 0, "baselines", loss) for lr, loss in ((5e-4, 4.3), (1e-3, 4.2), (2e-3, 4.25))]
+    said = baselines_sentence(runs)
+    diffs = [0.20, 0.21, 0.20]
+    half = 4.302653 * np.std(diffs, ddof=1) / 3 ** 0.5
+    assert f"DeltaNet +0.203 [{np.mean(diffs) - half:+.3f}, {np.mean(diffs) + half:+.3f}], reproduced (3 seeds)" in said
+    assert "HGRN2 -0.100, inconclusive (1 seed)" in said and "Mamba-2 +0.100, inconclusive (1 seed)" in said
+    assert said.endswith("Mamba-2 and HGRN2 have fewer than three seeds.")
+    assert "For HGRN2 the best rate is an end of the grid" in baselines(runs)
+    row = next(ln for ln in summary(runs).splitlines() if "FoX beats Mamba-2" in ln)
+    assert row.endswith("| Mamba-2: inconclusive (1 seed); HGRN2: inconclusive (1 seed, below FoX (Pro)); DeltaNet: "
+                        "reproduced (3 seeds) |")
+
+
 def test_a_corpus_without_its_files_is_an_error(tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(tmp_path),
                           "--out", str(tmp_path / "o"), "--parts", "lr"], cwd=ROOT, capture_output=True, text=True)
@@ -349,14 +378,16 @@ def test_the_prose_check_catches_a_hand_written_loss_and_ignores_generated_block
     assert prose_numbers(page) == ["0.138", "0.6 nats", "1.35", "84.7%"]
 
 
-def test_the_baselines_part_lists_three_rates_of_each_recurrent_baseline(corpus, tmp_path):
+def test_the_baseline_parts_list_each_baselines_grid_and_the_seeds_at_its_pick(corpus, tmp_path):
     out = tmp_path / "results"
     shutil.copytree(ROOT / "results" / "books", out, ignore=lambda d, names: [n for n in names
-                                                                             if n.startswith(rp.BASELINES)])
+                                                                             if n.startswith(tuple(rp.BASELINE_LRS))])
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(corpus),
-                          "--out", str(out), "--work", str(tmp_path / "work"), "--parts", "baselines", "--dry-run"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+                          "--out", str(out), "--work", str(tmp_path / "work"), "--parts", "baselines,baseline-seeds",
+                          "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = [ln.split(" [")[0] for ln in res.stdout.splitlines() if "python train.py" in ln]
-    assert lines == [f"{m}-lr{lr:g}-s0" for m in ("mamba2", "hgrn2", "deltanet") for lr in (1e-3, 2e-3, 4e-3)]
+    grids = {"mamba2": (1e-3, 2e-3, 4e-3, 8e-3), "hgrn2": (5e-4, 1e-3, 2e-3, 4e-3), "deltanet": (1e-3, 2e-3, 4e-3)}
+    assert lines == ([f"{m}-lr{lr:g}-s0" for m, lrs in grids.items() for lr in lrs]
+                     + ["deltanet-lr0.002-s1", "deltanet-lr0.002-s2"])
     assert "experiment=books/mamba2_125m" in res.stdout and not (tmp_path / "work").exists()
