@@ -54,6 +54,15 @@ def mean_ci(values, sign: str = "+") -> str:
     return f"{ci[0]:{f}} [{ci[1]:{f}}, {ci[2]:{f}}]" if ci else f"{float(np.mean(values)):{f}}"
 
 
+def rate_ci(values, z: float = 1.96) -> str:
+    """Mean [95% Wilson score interval] of per-trial hit rates, with n the number of trials. A rate lies in [0, 1],
+    so its variance is at most p (1 - p): the interval is conservative and, unlike a t interval, stays in [0, 1]."""
+    n, p = len(values), float(np.mean(values))
+    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    lo, hi = (round((centre + sign * half) / (1 + z * z / n), 3) + 0.0 for sign in (-1, 1))  # (+ 0.0: no "-0.000")
+    return f"{p:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def same_draws(a: dict, b: dict) -> bool:
     return all(a[k] == b[k] for k in ("seed", "trials", "lengths", "depths", "haystack"))
 
@@ -72,15 +81,16 @@ def retrieval_table(runs: list[RunResult]) -> str:
                  [name(r), "needle gain, depth 1", *(mean_ci(trial_means(res, "needle_gain", n, [1]))
                                                      for n in lengths)],
                  [name(r), f"passkey accuracy (chance {chance:.2f})",
-                  *(mean_ci(trial_means(res, "passkey", n, res["depths"]), "") for n in lengths)]]
+                  *(rate_ci(trial_means(res, "passkey", n, res["depths"])) for n in lengths)]]
     for seed, (fox, tr) in retrieval_pairs(chosen).items():
         diff = [trial_means(tr.retrieval, "needle_gain", n, inside(tr.retrieval))
                 - trial_means(fox.retrieval, "needle_gain", n, inside(fox.retrieval)) for n in lengths]
         rows.append([f"Transformer (Pro) − FoX (Pro), seed {seed}", "needle gain, depths < 1",
                      *(mean_ci(d) for d in diff)])
     r0 = chosen[0].retrieval
-    note = (f"\n\nMean over {r0['trials']} trials with its 95% t interval; a trial's value is its mean over the "
-            f"depths of the row ({', '.join(f'{d:g}' for d in r0['depths'])} of the haystack). Needle gain in nats "
+    note = (f"\n\nMean over {r0['trials']} trials with its 95% interval (needle gain: t; passkey accuracy: Wilson "
+            f"score, which stays in [0, 1]); a trial's value is its mean over the depths of the row "
+            f"({', '.join(f'{d:g}' for d in r0['depths'])} of the haystack). Needle gain in nats "
             f"per answer token (0 without retrieval). `{r0['command']}` (`$WORK`: the suite's work directory).")
     return table(["model (run)", "measure", *(f"{n:,}" for n in lengths)], rows, "ll" + "r" * len(lengths)) + note
 

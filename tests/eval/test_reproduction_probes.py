@@ -46,7 +46,10 @@ def test_the_table_pairs_the_two_models_trial_by_trial_with_t_intervals():
     row = next(r for r in text.splitlines() if r.startswith("| Transformer (Pro) − FoX (Pro), seed 3"))
     assert f"+0.150 [{0.15 - half:+.3f}, {0.15 + half:+.3f}]" in row
     passkey = next(r for r in text.splitlines() if "transformer" in r and "passkey" in r)
-    assert passkey.count("| 1.000 [1.000, 1.000]") == 2  # rank 1 everywhere: no spread
+    # rank 1 in all 4 trials: the Wilson interval of 4 of 4 (textbook: [0.510, 1]), not a t interval's zero width
+    assert passkey.count("| 1.000 [0.510, 1.000]") == 2
+    fox_passkey = next(r for r in text.splitlines() if "fox_pro" in r and "passkey" in r)
+    assert fox_passkey.count("| 0.000 [0.000, 0.490]") == 2  # rank 2 everywhere: 0 of 4
     assert "the pair's difference is inconclusive" in verdict_retrieval(sweep() + [fox, tr])  # 0.15 ± 0.21
     tr.retrieval = retrieval(lambda n, d, t: 0.1 + 0.01 * t, lambda n, d, t: 1)
     said = verdict_retrieval(sweep() + [fox, tr])
