@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from forgetting_transformer.markdown import table
-from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, ROW_BANDS, RunResult, alone,
+from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, LONG, ROW_BANDS, RunResult, alone,
                                        band_cells, bands_of, baseline_pick, by_seed, claim2_runs, compared,
                                        display_name, fmt, interval_text,
                                        load_results, paired, paired_interval, picks, primary, row_band_diffs,
@@ -283,6 +283,30 @@ def released_table(runs: list[RunResult]) -> str:
     return text + "\n\n" + pairs_table(pairs)
 
 
+def long_table(runs: list[RunResult]) -> str:
+    """Held-out loss per seed of the long part's runs beside the same model and seed at the protocol's tokens, and
+    the paired differences with 95% intervals (the 1x gap over the seeds the long part has)."""
+    pick = picks(runs)
+    by = {label: {r.seed: r for r in primary(runs, label, family, pick)}
+          for long, short, family, _ in LONG for label in (long, short)}
+    seeds = sorted(set().union(*(by[long] for long, _, _, _ in LONG)))
+    if not seeds:
+        return "Not run yet: `--parts long`."
+    def cell(label: str, seed: int) -> str:
+        return fmt(by[label][seed].heldout) if seed in by[label] else "–"
+
+    rows = [[str(seed), *(cell(label, seed) for long, short, _, _ in LONG for label in (long, short))]
+            for seed in seeds]
+    text = table(["seed", *(f"{name}, {x}" for _, _, _, name in LONG for x in ("4× tokens", "1×"))], rows)
+    (fox, fox1), (tr, tr1), (nokv, _) = ((long, short) for long, short, _, _ in LONG)
+    at = {label: {s: r for s, r in by[label].items() if s in seeds} for label in (fox1, tr1)}
+    pairs = [("Transformer (Pro) − FoX (Pro), 4× tokens", paired(by[tr], by[fox]), +1),
+             ("Transformer (Pro) − FoX (Pro), 1×, the same seeds", paired(at[tr1], at[fox1]), +1),
+             ("FoX (Pro) − KV-shift − FoX (Pro), 4× tokens", paired(by[nokv], by[fox]), +1),
+             ("FoX (Pro): 4× − 1× tokens", paired(by[fox], by[fox1]), None)]
+    return text + "\n\n" + pairs_table([p for p in pairs if p[1]])
+
+
 # The PaTH comparison: each model's position information, at its family's pick (PaTH at FoX (Pro)'s)
 PATH_ROWS = (("transformer_pro", "transformer", "RoPE"), ("fox_pro", "fox", "forget gate"),
              ("path_pro", "fox", "PaTH"), ("path_fox_pro", "fox", "PaTH + forget gate"))
@@ -324,6 +348,7 @@ def render_tables(out) -> dict[str, str]:
             "claim3": claim3_table(runs), "baselines": baselines_table(runs),
             "claim4": claim4_table(runs), "claim5": claim5_table(runs), "claim6": claim6_table(runs),
             "path": path_table(runs), "released": released_table(runs), "llama_sweep": llama_sweep_table(runs),
+            "long": long_table(runs),
             "runs": runs_table(runs), **verdicts(runs), **probe_tables(runs)}
 
 

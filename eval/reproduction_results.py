@@ -175,6 +175,11 @@ def verdict(interval: tuple[float, float, float] | None, paper_sign: int | None)
 BASELINES = ("mamba2", "hgrn2", "deltanet")
 LABELS.update({"fox_pro_released": "FoX (Pro)", "transformer_pro_released": "Transformer (Pro)", "mamba2": "Mamba-2",
                "hgrn2": "HGRN2", "deltanet": "DeltaNet"})
+# the long part: the released pair and FoX (Pro) without KV-shift at 4x the tokens, over all six train shards
+LONG = (("fox_pro_released_4x", "fox_pro_released", "fox", "FoX (Pro)"),
+        ("transformer_pro_released_4x", "transformer_pro_released", "transformer", "Transformer (Pro)"),
+        ("fox_pro_released_no_kv_shift_4x", "fox_pro_released_no_kv_shift", "fox", "FoX (Pro) − KV-shift"))
+LABELS.update({label: f"{name}, 4× tokens" for label, _, _, name in LONG})
 
 
 def by_seed(runs: list[RunResult], label: str, lr: float | None) -> dict[int, RunResult]:

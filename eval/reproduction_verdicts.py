@@ -334,6 +334,28 @@ def released(runs: list[RunResult]) -> str:
             f"of the same seeds: {'; '.join(rows)}. The paper has every removal raising the loss.")
 
 
+def long(runs: list[RunResult]) -> str:
+    """The long part: does the Pro pair's gap shrink toward the paper's with 4x the tokens, and does removing
+    KV-shift still lower the loss?"""
+    lr = dict(compared(runs))
+    fox, tr = (by_seed(runs, f"{x}_4x", lr.get(x)) for x in ("fox_pro_released", "transformer_pro_released"))
+    if not fox or not tr:
+        return "Not run yet: `--parts long`."
+    gap4 = paired(tr, fox)
+    seeds = sorted(set(tr) & set(fox))
+    short = [by_seed(runs, x, lr.get(x)) for x in ("transformer_pro_released", "fox_pro_released")]
+    gap1 = paired(*({s: r for s, r in d.items() if s in seeds} for d in short))
+    paper = math.log(PAPER_PPL["Pro"][1] / PAPER_PPL["Pro"][0])
+    text = (f"**Verdict ({_seeds(len(gap4))}): at 4× the tokens Transformer (Pro) − FoX (Pro) is {_d(np.mean(gap4))} "
+            f"{_ci(gap4)}, {_seeds_verdict(gap4, +1)}.** At the protocol's tokens the same seeds give "
+            f"{_d(np.mean(gap1)) if gap1 else '–'}; the paper's gap (360M, Table 3) is {_d(paper)}.")
+    nokv = paired(by_seed(runs, "fox_pro_released_no_kv_shift_4x", lr.get("fox_pro_released")), fox)
+    if nokv:
+        text += (f" Removing KV-shift at 4× the tokens: {_d(np.mean(nokv))} {_ci(nokv)}, "
+                 f"{_seeds_verdict(nokv, +1)} ({_seeds(len(nokv))}).")
+    return text
+
+
 def llama_sweep(runs: list[RunResult]) -> str:
     lrs = llama_pick(runs)
     seed0 = {label: {r.lr: r.heldout for r in runs if r.label == label and r.seed == 0} for label in lrs}
@@ -405,4 +427,4 @@ def verdicts(runs: list[RunResult]) -> dict[str, str]:
     return {"verdicts": summary(runs), "verdict_claim1": claim1(runs), "verdict_claim2": claim2(runs),
             "verdict_claim3": claim3(runs), "verdict_baselines": baselines(runs), "verdict_claim4": claim4(runs),
             "verdict_claim5": claim5(runs), "verdict_path": path(runs), "verdict_released": released(runs),
-            "verdict_llama_sweep": llama_sweep(runs), "verdict_speed": speed(runs)}
+            "verdict_llama_sweep": llama_sweep(runs), "verdict_long": long(runs), "verdict_speed": speed(runs)}

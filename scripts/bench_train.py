@@ -16,7 +16,10 @@ as softmax attention: the Householder products are not, so their MFU is a lower 
 ``--sdpa`` pins the backend of ``F.scaled_dot_product_attention`` (the Transformer models' attention; PyTorch's
 default on Hopper is cuDNN for these shapes) by turning the others off for the whole process (an
 ``sdpa_kernel`` context around the steps does not reach the compiled graphs: they kept cuDNN); the table's
-``attention`` column names the backend SDPA's dispatcher picks for the model's shape.
+``attention`` column names the backend SDPA's dispatcher picks for the model's shape. ``vs Transformer``: a model's
+tokens/s over the Transformer of its flavour (Pro, LLaMA) at the same size, when the table has it. ``--profile N``
+adds one profiled step per model: its N costliest kernels and its GPU time per kernel group (Forgetting Attention,
+SDPA, GEMM, Inductor's fused kernels, optimizer, eager elementwise, other; ``KERNEL_GROUPS``).
 """
 
 from __future__ import annotations
@@ -96,7 +99,8 @@ def bench(model_name, size, a, dist):
             opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
         print(f"--- {model_name} {size}: CUDA kernels of one step, by total time ---")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=a.profile))
+        print(prof.key_averages().table(sort_by="device_time_total", row_limit=a.profile))
+        print(group_table([(e.key, e.device_time_total) for e in prof.key_averages()]))
     dt = mean_across_ranks(dt).item()
     attn_layers, attn_keys = attention_context(cfg.model, a.seq_len)
     fpt = flops_per_token(n_matmul, attn_layers, n_heads, head_dim, attn_keys)
@@ -106,6 +110,44 @@ def bench(model_name, size, a, dist):
                 tok_s_dev=tok_s_dev, tflops=tok_s_dev * fpt / 1e12,
                 mfu=tok_s_dev * fpt / peak if peak else float("nan"), mem=peak_memory_gib(dist.device),
                 loss=loss.item(), precision="autocast" if autocast else "bf16_params")
+
+
+# Kernel groups of a profiled step, matched by name in this order (our kernels first: they also say "sm90")
+KERNEL_GROUPS = (("Forgetting Attention", ("attn_", "fox_", "dlogf", "acp_", "block_prefix", "bwd_fused_setup")),
+                 ("SDPA attention", ("flash", "fmha", "cudnn", "sdpa")),
+                 ("GEMM", ("gemm", "xmma", "nvjet", "cutlass", "cublas")),
+                 ("Inductor fused (norms, gates, elementwise)", ("triton_",)),
+                 ("optimizer", ("multi_tensor", "foreach", "adam")),
+                 ("eager elementwise and reductions", ("elementwise", "vectorized", "reduce_kernel")))
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    return next((group for group, keys in KERNEL_GROUPS if any(k in low for k in keys)), "other")
+
+
+def group_table(kernels: list[tuple[str, float]]) -> str:
+    """(kernel name, GPU microseconds in the profiled step) → a table of the step's GPU time per kernel group,
+    largest first, with each group's share and kernel count: where the time goes."""
+    groups: dict[str, list[float]] = {}
+    for name, us in kernels:
+        groups.setdefault(kernel_group(name), []).append(us)
+    total = sum(sum(v) for v in groups.values()) or 1.0
+    rows = [[g, f"{sum(v) / 1e3:.2f}", f"{100 * sum(v) / total:.1f}%", str(len(v))]
+            for g, v in sorted(groups.items(), key=lambda kv: -sum(kv[1]))]
+    return table(["kernel group", "GPU ms per step", "share", "kernels"], rows, "lrrr")
+
+
+def against_transformer(rows: list[dict]) -> list[str]:
+    """Each row's tokens/s over the Transformer of its flavour (Pro or LLaMA) at the same size in the same table
+    ("–" for the Transformers and rows without theirs)."""
+    speed = {(r["model"], r["size"]): r["tok_s"] for r in rows}
+    out = []
+    for r in rows:
+        flavour = "pro" if "pro" in r["model"] else "llama" if "llama" in r["model"] else None
+        base = speed.get((f"transformer_{flavour}", r["size"]))
+        out.append(f"{r['tok_s'] / base:.3f}×" if base and not r["model"].startswith("transformer") else "–")
+    return out
 
 
 def _pin_sdpa(name):
@@ -147,7 +189,8 @@ def main(argv=None) -> None:
     p.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides")
     p.add_argument("--sdpa", default="default", choices=["default", "flash", "cudnn", "efficient"],
                    help="SDPA backend of the Transformer models (default: PyTorch's pick)")
-    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest CUDA kernels of a step")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest CUDA kernels of a "
+                   "step and the step's GPU time per kernel group")
     p.add_argument("--write", type=Path, help="append the table to this Markdown file")
     a = p.parse_args(argv)
     register_configs()
@@ -159,10 +202,11 @@ def main(argv=None) -> None:
                 f"Python {platform.python_version()}; strategy {a.strategy}, AC {a.ac}, compile {a.compile}, "
                 f"seq_len {a.seq_len}, micro-batch {a.micro_batch}/GPU, bf16 ({rows[0]['precision']}), "
                 f"{a.steps} timed steps")
-        cells = [[r["model"], r["size"], r["attention"], f"{r['tok_s']:,.0f}", f"{r['tok_s_dev']:,.0f}",
-                  f"{r['tflops']:.0f}", f"{100 * r['mfu']:.1f}%", f"{r['mem']:.1f}"] for r in rows]
-        text = head + "\n\n" + table(["model", "size", "attention", "tokens/s", "tokens/s/GPU", "TFLOP/s/GPU", "MFU",
-                                       "peak mem GiB"], cells, "lllrrrrr")
+        cells = [[r["model"], r["size"], r["attention"], f"{r['tok_s']:,.0f}", f"{r['tok_s_dev']:,.0f}", vs,
+                  f"{r['tflops']:.0f}", f"{100 * r['mfu']:.1f}%", f"{r['mem']:.1f}"]
+                 for r, vs in zip(rows, against_transformer(rows))]
+        text = head + "\n\n" + table(["model", "size", "attention", "tokens/s", "tokens/s/GPU", "vs Transformer",
+                                       "TFLOP/s/GPU", "MFU", "peak mem GiB"], cells, "lllrrrrrr")
         print(text)
         if a.write:
             with a.write.open("a") as f:

@@ -35,6 +35,8 @@ one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes 
     baselines  the paper's recurrent baselines Mamba-2, HGRN2 and DeltaNet (fla) at 1e-3, 2e-3 and 4e-3, seed 0, and
                one rate past the grid's end where that end came out best (Mamba-2 8e-3, HGRN2 5e-4)
     baseline-seeds  seeds 1 and 2 of each baseline at its best rate once that rate is inside its grid (DeltaNet 2e-3)
+    long       the ``released`` pair and FoX (Pro) without KV-shift at 4x the tokens (warmup 10% of them, as always)
+               over all six train shards (tokenized beside --data-dir, the same tokenizer), seeds 0 and 1
 
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
 Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
@@ -49,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import hashlib
 import json
 import os
 import shlex
@@ -63,6 +64,7 @@ from pathlib import Path
 
 from eval.reproduction import FAMILY as FAMILY_MODEL  # (the pair whose sweep sets each family's lr)
 from eval.reproduction import load_results, picks
+from eval.reproduction_data import prepare_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,6 +100,7 @@ class Run:
     acp_trajectory: bool = False
     retrieval: bool = False  # the retrieval probes (eval.retrieval): the needle's gain and the passkey's rank
     frontier: bool = False  # the eviction frontier (eval.eviction.frontier): loss against KV cache kept
+    shards: tuple[str, ...] | None = None  # train shards other than the suite's --shards (the long part's)
 
     def name(self, lr: float) -> str:
         return f"{self.label}-lr{lr:g}-s{self.seed}"
@@ -137,6 +140,12 @@ def suite() -> list[Run]:
                  Run("transformer_pro_released", "transformer_pro", "transformer", "released", seed=seed, **probes),
                  Run("fox_pro_released_no_kv_shift", "fox_pro", "fox", "released", seed=seed,
                      overrides=["model.kv_shift=false"])]
+    longer = [f"schedule.total_tokens={LONG * BOOKS_TOKENS}", f"schedule.warmup_tokens={LONG * BOOKS_WARMUP}"]
+    runs += [Run(f"{label}_{LONG}x", model, family, "long", seed=seed, overrides=[*ovr, *longer], shards=LONG_SHARDS)
+             for seed in LONG_SEEDS for label, model, family, ovr in (
+                 ("fox_pro_released", "fox_pro", "fox", []), ("transformer_pro_released", "transformer_pro",
+                                                              "transformer", []),
+                 ("fox_pro_released_no_kv_shift", "fox_pro", "fox", ["model.kv_shift=false"]))]
     for seed in RELEASED_ABLATION_SEEDS:
         runs += [Run(f"fox_pro_released_no_{switch}", "fox_pro", "fox", "released-ablations", seed=seed,
                      overrides=[f"model.{switch}=false"]) for switch in ("output_gate", "output_norm", "qk_norm")]
@@ -150,7 +159,7 @@ def suite() -> list[Run]:
 
 
 PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released", "released-ablations",
-         "llama-seeds", "baselines", "baseline-seeds")
+         "llama-seeds", "baselines", "baseline-seeds", "long")
 # The Pro models of every part but "released" keep the definition they were trained with: the output norm's
 # weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
 # now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
@@ -163,6 +172,8 @@ LLAMA_PICK, LLAMA_SEEDS = 1e-3, (1, 2)  # both LLaMA models' best rate of their 
 # rate that is inside its grid (DeltaNet's; the others' not yet)
 BASELINE_LRS = {"mamba2": (1e-3, 2e-3, 4e-3, 8e-3), "hgrn2": (5e-4, 1e-3, 2e-3, 4e-3), "deltanet": (1e-3, 2e-3, 4e-3)}
 BASELINE_PICK, BASELINE_SEEDS = {"deltanet": 2e-3}, (1, 2)
+BOOKS_TOKENS, BOOKS_WARMUP = 52_428_800, 5_242_880  # the protocol's tokens and warmup (experiment/shared/books.yaml)
+LONG, LONG_SHARDS, LONG_SEEDS = 4, tuple(f"train-{i:02d}" for i in range(6)), (0, 1)  # the long part
 
 
 # ----------------------------------------------------------------------------------------------------- learning rates
@@ -198,54 +209,6 @@ def planned(runs: list[Run], out: Path, parts: list[str]) -> list[tuple[Run, flo
             names.add(run.name(lr))
             todo.append((run, lr))
     return todo
-
-
-# ----------------------------------------------------------------------------------------------------- data
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def prepare_data(corpus: Path, shards: list[str], data_dir: Path, out: Path, work: Path, *,
-                 vocab_size: int = VOCAB_SIZE, doc_len: int = DOC_LEN) -> dict:
-    """Tokenize the shards (idempotent), keep the tokenizer in ``out``, and write the held-out texts the
-    evaluations read: one book for the gate analysis, several joined as the needle-in-a-haystack haystack."""
-    from forgetting_transformer.data.prepare import ensure_prepared, iter_documents, strip_gutenberg_boilerplate
-
-    train = [corpus / f"{s}.jsonl.xz" for s in shards]
-    heldout = corpus / "validation.jsonl.xz"
-    for f in [*train, heldout]:
-        if not f.is_file():
-            raise SystemExit(f"--corpus {corpus}: {f.name} not found (expected the book shards and validation file)")
-    kept_tok = out / "tokenizer.json"
-    tokenizer = str(kept_tok) if kept_tok.is_file() else "train-bpe"
-    ensure_prepared(data_dir, inputs=train, heldout_inputs=[heldout], tokenizer=tokenizer, vocab_size=vocab_size,
-                    doc_len=doc_len)
-    out.mkdir(parents=True, exist_ok=True)
-    if not kept_tok.is_file():
-        shutil.copyfile(data_dir / "tokenizer.json", kept_tok)
-    meta = json.loads((data_dir / "meta.json").read_text())
-    record = {"shards": {f.name: sha256(f) for f in [*train, heldout]}, "tokenizer_sha256": sha256(kept_tok),
-              "vocab_size": meta["vocab_size"], "bos_id": meta["bos_id"], "doc_len": meta["doc_len"],
-              "train": meta["stats"]["train"], "heldout": meta["stats"]["heldout"]}
-    data_json = out / "data.json"
-    if data_json.is_file():
-        before = json.loads(data_json.read_text())
-        if before["shards"] != record["shards"] or before["tokenizer_sha256"] != record["tokenizer_sha256"]:
-            raise SystemExit(f"{data_json} records other shards or another tokenizer than this call's data "
-                             f"({sorted(before['shards'])} vs {sorted(record['shards'])}): results of two corpora "
-                             "would mix; pass another --out")
-    data_json.write_text(json.dumps(record, indent=1) + "\n")
-    work.mkdir(parents=True, exist_ok=True)
-    books = [strip_gutenberg_boilerplate(t) for _, t in iter_documents([heldout])]
-    (work / "heldout_book.txt").write_text(books[0], encoding="utf-8")
-    (work / "haystack.txt").write_text("\n\n".join(books[1:6]), encoding="utf-8")
-    return record
 
 
 # ----------------------------------------------------------------------------------------------------- one run
@@ -386,6 +349,7 @@ class Job:
         self.status, self.ok, self.t0 = "queued", False, None
         self.gpu_jobs = 1  # jobs its GPU runs at once (``--gpus 0,0``: 2); tokens/s compare only at 1
         self.paths = {str(args.data_dir): "$DATA", str(args.work): "$WORK", str(ROOT): "$REPO"}
+        self.data_dir = shard_data(args, run.shards)[0]
 
     def _call(self, cmd: list[str], log) -> int:
         env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1")
@@ -405,7 +369,7 @@ class Job:
             shutil.rmtree(self.run_dir)
         self.args.work.mkdir(parents=True, exist_ok=True)
         train_cmd = [sys.executable, str(ROOT / "train.py"),
-                     *train_overrides(self.run, self.lr, self.args.data_dir, self.run_dir, self.args.override)]
+                     *train_overrides(self.run, self.lr, self.data_dir, self.run_dir, self.args.override)]
         with open(self.log_path, "w") as log:
             self.status = "training"
             rc = self._call(train_cmd, log)
@@ -475,6 +439,14 @@ def run_jobs(jobs: list[Job], gpus: list[str | None], every: float = 10.0) -> No
 # ----------------------------------------------------------------------------------------------------- entry
 
 
+def shard_data(a, shards: tuple[str, ...] | None) -> tuple[Path, str]:
+    """(tokenized data, record name in OUT) of a run's train shards: the suite's in --data-dir and data.json;
+    another set beside them, in <data-dir>-<n>-shards and data-<n>-shards.json."""
+    if shards is None or list(shards) == a.shard_list:
+        return a.data_dir, "data.json"
+    return a.data_dir.with_name(f"{a.data_dir.name}-{len(shards)}-shards"), f"data-{len(shards)}-shards.json"
+
+
 def visible_gpus(spec: str | None) -> list[str | None]:
     """The slots jobs run in: GPU ids (``0,1``), every visible GPU (None), or ``cpu:N``: N jobs at a time on the
     CPU (slot None: no CUDA_VISIBLE_DEVICES)."""
@@ -526,6 +498,7 @@ def main(argv=None) -> int:
                    "first one's images (docs/images/)")
     a = p.parse_args(argv)
     a.out, a.work, a.data_dir = a.out.resolve(), a.work.resolve(), a.data_dir.resolve()
+    a.shard_list = [s.strip() for s in a.shards.split(",")]
     a.eval_args = {k: shlex.split(getattr(a, f"{k}_args")) for k in ("niah", "retrieval", "frontier")}
     parts = list(PARTS) if a.parts == "all" else [x.strip() for x in a.parts.split(",") if x.strip()]
     bad = [x for x in parts if x not in PARTS]
@@ -573,12 +546,12 @@ def run_parts(a, parts: list[str]) -> None:
                 print(f"{', '.join(group)}: {e}")
                 continue
             for run, lr in todo:
-                cmd = train_overrides(run, lr, a.data_dir, a.work / run.name(lr), a.override)
+                cmd = train_overrides(run, lr, shard_data(a, run.shards)[0], a.work / run.name(lr), a.override)
                 print(f"{run.name(lr)} [{run.part}]: python train.py {' '.join(cmd)}")
         return
     t0 = time.time()
-    record = prepare_data(a.corpus, [s.strip() for s in a.shards.split(",")], a.data_dir, a.out, a.work,
-                          vocab_size=a.vocab_size, doc_len=a.doc_len)
+    record = prepare_data(a.corpus, a.shard_list, a.data_dir, a.out, a.work, vocab_size=a.vocab_size,
+                          doc_len=a.doc_len)
     # the data's own vocabulary and bos id, so a run can never read ids of another tokenizer
     a.override = [f"data.vocab_size={record['vocab_size']}", f"data.bos_id={record['bos_id']}", *a.override]
     print(f"data: {record['train']['tokens_kept']:,} train and {record['heldout']['tokens_kept']:,} held-out tokens "
@@ -586,7 +559,12 @@ def run_parts(a, parts: list[str]) -> None:
     jobs = []
     for group in groups:
         if group:
-            jobs += (batch := [Job(run, lr, None, a) for run, lr in pending(a, group)])
+            todo = pending(a, group)
+            for shards in {run.shards for run, _ in todo} - {None}:  # the long part's shards, tokenized once
+                data_dir, name = shard_data(a, shards)
+                prepare_data(a.corpus, list(shards), data_dir, a.out, a.work, vocab_size=a.vocab_size,
+                             doc_len=a.doc_len, record_name=name)
+            jobs += (batch := [Job(run, lr, None, a) for run, lr in todo])
             run_jobs(batch, visible_gpus(a.gpus))
     failed = [j for j in jobs if not j.ok]
     print(f"{len(jobs) - len(failed)} of {len(jobs)} runs done in {time.time() - t0:.0f} s; results in {a.out}")

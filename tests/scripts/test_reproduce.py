@@ -28,10 +28,12 @@ TOY = ["model.n_layers=2", "model.d_model=64", "model.head_dim=32", "data.seq_le
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """Book shards cut from the embedded sample: two train shards and a validation file, as the corpus lays them."""
+    """Book shards cut from the embedded sample as the corpus lays them: six train shards (the suite reads the first
+    two, the long part all six) and a validation file."""
     root = tmp_path_factory.mktemp("corpus")
     books = [t for _, t in iter_documents([EMBEDDED_CORPUS])]
-    for name, part in (("train-00", books[0:3]), ("train-01", books[3:6]), ("validation", books[6:9])):
+    shards = [("train-00", books[0:3]), ("train-01", books[3:6]), ("validation", books[6:9])]
+    for name, part in shards + [(f"train-{i:02d}", books[8 + i:9 + i]) for i in range(2, 6)]:
         with lzma.open(root / f"{name}.jsonl.xz", "wt", encoding="utf-8") as f:
             for i, text in enumerate(part):
                 f.write(json.dumps({"id": i, "text": text[:60000]}) + "\n")
@@ -56,7 +58,8 @@ def reproduce(corpus, tmp, *args):
 TOY_PARTS = [p for p in rp.PARTS if p not in ("baselines", "baseline-seeds")]
 TOY_ONLY = ",".join(["fox_pro-*", "transformer_pro-*-s0", "fox_llama-lr0.0005-s0", "fox_llama-*-s1",
                      "fox_pro_no_kv_shift-*", "fox_pro_fixed-*", "fox_pro_acp-*-s0", "path_pro-*", "path_fox_pro-*",
-                     "fox_pro_released-*-s0", "transformer_pro_released-*-s0", "fox_pro_released_no_qk_norm-*-s0"])
+                     "fox_pro_released-*-s0", "transformer_pro_released-*-s0", "fox_pro_released_no_qk_norm-*-s0",
+                     "fox_pro_released_4x-*-s0"])
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +87,7 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
     runs = runs_of(tmp)
     unique = {run.name(lr) for run, lr in rp.planned(rp.suite(), tmp / "results", TOY_PARTS)
               if any(fnmatch.fnmatch(run.name(lr), x) for x in TOY_ONLY.split(","))}
-    assert len(runs) == len(unique) and 18 <= len(unique) <= 19 and len(rp.suite()) == 71
+    assert len(runs) == len(unique) and 19 <= len(unique) <= 20 and len(rp.suite()) == 77
     assert {d["part"] for d in runs.values()} == set(TOY_PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -92,7 +95,8 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
             assert (d / f).is_file(), (name, f)
         assert done["device"] == "cpu" and done["command"].startswith("python train.py experiment=books/")
         # no directory of the machine in the kept files (train.log aside, the console verbatim)
-        assert "data.data_dir=$DATA output_dir=$WORK/" in done["command"], done["command"]
+        data = "$DATA-6-shards" if done["part"] == "long" else "$DATA"  # the long part's shards beside the suite's
+        assert f"data.data_dir={data} output_dir=$WORK/" in done["command"], done["command"]
         for f in (d / "config.yaml", d / "per_token_loss.json", d / "done.json"):
             assert str(tmp) not in f.read_text(), f
         assert (d / "acp" / "acp.json").is_file() == done["model"].startswith("fox"), name
@@ -138,8 +142,8 @@ def test_the_released_part_trains_the_released_definition_and_the_others_keep_th
         model = OmegaConf.load(tmp / "results" / "runs" / name / "config.yaml").model
         if done["model"] not in rp.LEGACY_PRO:
             continue
-        assert model.output_norm_per_head == (done["part"] in parts), name
-        assert model.qk_norm_eps == (1e-5 if done["part"] in parts else None), name
+        assert model.output_norm_per_head == (done["part"] in (*parts, "long")), name  # long: the released models
+        assert model.qk_norm_eps == (1e-5 if done["part"] in (*parts, "long") else None), name
     assert all("model.qk_norm=false" in d["command"] for d in released.values()
                if d["label"] == "fox_pro_released_no_qk_norm")
     planned = [run for run in rp.suite() if run.part in parts]  # the pair and - KV-shift at 5 seeds, the rest at 3
@@ -168,6 +172,30 @@ def test_the_released_pair_runs_the_retrieval_probes_and_the_eviction_frontier(s
         assert policies == ({"acp", "streaming", "h2o", "snapkv"} if done["model"] == "fox_pro" else
                             {"streaming", "h2o", "snapkv"}), name
         assert "$WORK" in frontier["text_file"] and "$WORK" in probe["command"]  # no path of the machine
+
+
+def test_the_long_part_trains_4x_the_tokens_on_all_six_shards_with_the_suites_tokenizer(suite):
+    tmp, _ = suite
+    out = tmp / "results"
+    done = next(d for d in runs_of(tmp).values() if d["label"] == "fox_pro_released_4x")
+    cmd = done["command"]  # the toy's --override comes last and trains it small; the part's own overrides first
+    assert "data.data_dir=$DATA-6-shards " in cmd and "model.output_norm_per_head" not in cmd
+    assert f"schedule.total_tokens={4 * rp.BOOKS_TOKENS} schedule.warmup_tokens={4 * rp.BOOKS_WARMUP}" in cmd
+    short, long = (json.loads((out / f).read_text()) for f in ("data.json", "data-6-shards.json"))
+    assert sorted(long["shards"]) == [f"train-{i:02d}.jsonl.xz" for i in range(6)] + ["validation.jsonl.xz"]
+    assert long["tokenizer_sha256"] == short["tokenizer_sha256"] and long["heldout"] == short["heldout"]
+    assert long["train"]["tokens_kept"] > short["train"]["tokens_kept"]
+
+
+def test_the_protocol_tokens_the_long_part_multiplies_are_the_presets():
+    from hydra import compose, initialize_config_dir
+
+    from forgetting_transformer.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=books/fox_pro_125m", "data.data_dir=x"])
+    assert (cfg.schedule.total_tokens, cfg.schedule.warmup_tokens) == (rp.BOOKS_TOKENS, rp.BOOKS_WARMUP)
 
 
 def test_acp_runs_measure_pruning_over_training(suite):
@@ -306,6 +334,35 @@ def test_baselines_pair_with_fox_at_equal_seeds_and_each_grid_has_its_own_ends()
     row = next(ln for ln in summary(runs).splitlines() if "FoX beats Mamba-2" in ln)
     assert row.endswith("| Mamba-2: inconclusive (1 seed); HGRN2: inconclusive (1 seed, below FoX (Pro)); DeltaNet: "
                         "reproduced (3 seeds) |")
+
+
+def test_the_long_part_pairs_its_runs_at_equal_seeds_beside_the_same_seeds_at_1x():
+    from eval.reproduction import long_table
+    from eval.reproduction_results import RunResult
+    from eval.reproduction_verdicts import long
+
+    def r(label, lr, seed, part, loss):
+        return RunResult(f"{label}-lr{lr:g}-s{seed}", label, seed, lr, part, "GPU", "v", loss, None)
+
+    runs = [r(m, lr, 0, "lr", loss) for m, lr, loss in (("fox_pro", 1e-3, 4.0), ("fox_pro", 2e-3, 4.1),
+                                                        ("transformer_pro", 1e-3, 4.3), ("transformer_pro", 2e-3, 4.2))]
+    runs += [r("fox_pro_released", 1e-3, s, "released", loss) for s, loss in enumerate((4.10, 4.12, 4.11))]
+    runs += [r("transformer_pro_released", 2e-3, s, "released", loss) for s, loss in enumerate((4.25, 4.26, 4.24))]
+    assert long(runs) == "Not run yet: `--parts long`."
+    runs += [r("fox_pro_released_4x", 1e-3, s, "long", loss) for s, loss in ((0, 3.90), (1, 3.92))]
+    runs += [r("transformer_pro_released_4x", 2e-3, s, "long", loss) for s, loss in ((0, 4.00), (1, 4.04))]
+    runs.append(r("fox_pro_released_no_kv_shift_4x", 1e-3, 0, "long", 3.95))
+    text = long_table(runs)
+    assert "| 0 | 3.9000 | 4.1000 | 4.0000 | 4.2500 | 3.9500 | – |" in text
+    assert "| Transformer (Pro) − FoX (Pro), 4× tokens | +0.1000, +0.1200 |" in text
+    assert "| Transformer (Pro) − FoX (Pro), 1×, the same seeds | +0.1500, +0.1400 |" in text  # not seed 2's
+    assert "| FoX (Pro) − KV-shift − FoX (Pro), 4× tokens | +0.0500 | – | higher | inconclusive (fewer" in text
+    said = long(runs)
+    half = 12.706205 * np.std([0.10, 0.12], ddof=1) / 2 ** 0.5
+    assert said.startswith(f"**Verdict (2 seeds): at 4× the tokens Transformer (Pro) − FoX (Pro) is +0.110 "
+                           f"[{0.11 - half:+.3f}, {0.11 + half:+.3f}], inconclusive.** At the protocol's tokens the "
+                           "same seeds give +0.145; the paper's gap (360M, Table 3) is +0.030.")
+    assert said.endswith("Removing KV-shift at 4× the tokens: +0.050 (one seed), inconclusive (1 seed).")
 
 
 def test_a_corpus_without_its_files_is_an_error(tmp_path):
