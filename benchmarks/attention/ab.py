@@ -19,10 +19,11 @@ they do not hide), ``host`` (host microseconds per call of 10 back-to-back calls
 ``kernels`` (each kernel's GPU microseconds in one fwd+bwd call, torch.profiler). Shapes: S1..S4 and ``tiny``.
 
 One more process per side saves its outputs (o, dq, dk, dv, d log f for a fixed do), and the two sides' are
-compared: bitwise equal or the relative L2 difference; ``--expect-equal`` exits 1 unless all are bitwise equal (a change that claims not to
-move a bit). That process runs each side's fixed kernel configs (``FOX_AUTOTUNE=0``) and its deterministic
-backward (``torch.use_deterministic_algorithms``): autotuning picks configs by timing, and the fused backward
-accumulates dq with atomics, so the default path's bits may differ between two processes of one version.
+compared: bitwise equal or the relative L2 difference; ``--expect-equal`` exits 1 unless all are bitwise equal (a
+change that claims not to move a bit). That process runs each side's fixed kernel configs (``FOX_AUTOTUNE=0``) and
+its deterministic backward (``torch.use_deterministic_algorithms``): autotuning picks configs by timing, and the
+fused backward accumulates dq with atomics, so the default path's bits may differ between two processes of one
+version.
 Prints, per row, each side's median and its min-max over the rounds and ``A/B`` = A's median / B's
 (> 1: B is faster); ``--out FILE`` appends the table with the device, versions and command to FILE. Without a
 CUDA device the processes time the PyTorch reference on the CPU (fp32; ``tiny`` is the sensible shape), which

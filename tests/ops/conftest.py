@@ -6,6 +6,8 @@ import os
 import pytest
 import torch
 
+from poisoned import poisoned_allocations
+
 if not torch.cuda.is_available():
     # Must happen before triton is imported anywhere (tests/conftest.py does the same).
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -17,18 +19,11 @@ def pytest_configure(config):
 
 
 @pytest.fixture
-def poison(monkeypatch):
+def poison():
     """Every float buffer allocated with torch.empty / empty_like during a test starts as NaN, every integer one as
-    123456789 (counters and tables must be written, not found zero)."""
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poisoned(t):
-        if t.dtype == torch.bool:
-            return t
-        return t.fill_(float("nan") if t.is_floating_point() else 123456789)
-
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: poisoned(empty(*a, **k)))
-    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poisoned(empty_like(*a, **k)))
+    123456789 (counters and tables must be written, not found zero): tests/ops/poisoned.py."""
+    with poisoned_allocations():
+        yield
 
 
 @pytest.fixture
