@@ -53,8 +53,11 @@ class Runner:
 
     def __init__(self, n: int = 2):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # SIGINT at its default, as in a process started from a terminal: pytest may run with SIGINT ignored (a
+        # shell script's background job), a child inherits that, and train.py then keeps ignoring Ctrl-C
         self.procs = [subprocess.Popen([sys.executable, "-u", str(Path(__file__).with_name("faults.py"))],
-                                       cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                       cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
                       for _ in range(n)]
         self.free = queue.Queue()
         for p in self.procs:
