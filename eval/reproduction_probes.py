@@ -117,13 +117,17 @@ def pooled(res: dict, lengths: list[int]) -> np.ndarray:
     return np.mean([trial_means(res, "needle_gain", n, inside(res)) for n in lengths], axis=0)
 
 
-def seed_gains(pairs: dict[int, tuple[RunResult, RunResult]], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """(FoX (Pro)'s gains, the Transformer (Pro)'s) at depths < 1 pooled over ``lengths``: per trial for one seed,
-    per seed (each seed's mean over trials) for several."""
-    gains = [(pooled(f.retrieval, lengths), pooled(t.retrieval, lengths)) for f, t in pairs.values()]
-    if len(gains) == 1:
-        return gains[0]
-    return np.array([f.mean() for f, _ in gains]), np.array([t.mean() for _, t in gains])
+def per_seed_gains(pairs: dict[int, tuple[RunResult, RunResult]], lengths: list[int]) -> list[tuple]:
+    """Per seed: (FoX (Pro)'s gains, the Transformer (Pro)'s) per trial at depths < 1, pooled over ``lengths``."""
+    return [(pooled(f.retrieval, lengths), pooled(t.retrieval, lengths)) for f, t in pairs.values()]
+
+
+def seed_gains(per_seed: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """(FoX (Pro)'s gains, the Transformer (Pro)'s): per trial for one seed, per seed (each seed's mean over
+    trials) for several."""
+    if len(per_seed) == 1:
+        return per_seed[0]
+    return np.array([f.mean() for f, _ in per_seed]), np.array([t.mean() for _, t in per_seed])
 
 
 def draws(ci, per_seed: list[np.ndarray]) -> str:
@@ -142,8 +146,8 @@ def retrieval_reading(pairs: dict[int, tuple[RunResult, RunResult]]) -> dict:
     lengths ``split_lengths`` picks (``seed_gains``)."""
     seed, (fox, _) = next(iter(pairs.items()))
     within, beyond, where = split_lengths(fox.retrieval)
-    f_in, t_in = seed_gains(pairs, within)
-    per_seed = [(pooled(f.retrieval, within), pooled(t.retrieval, within)) for f, t in pairs.values()]
+    per_seed = per_seed_gains(pairs, within)
+    f_in, t_in = seed_gains(per_seed)
     ci_fox, ci_tr = paired_interval(list(f_in)), paired_interval(list(t_in))
     return {"seed": seed, "within": within, "beyond": beyond, "where": where, "fox": f_in, "transformer": t_in,
             "seeds": (f"seed {seed}, {len(f_in)} trials" if len(pairs) == 1 else
@@ -172,7 +176,7 @@ def verdict_retrieval(runs: list[RunResult]) -> str:
             f"seed {seed} FoX (Pro) {mean_ci(f)}, Transformer (Pro) {mean_ci(t)}" for seed, (f, t) in
             g["per_seed"].items()) + "."
     if beyond := g["beyond"]:
-        f_out, t_out = seed_gains(pairs, beyond)
+        f_out, t_out = seed_gains(per_seed_gains(pairs, beyond))
         text += (f" Beyond the training length ({', '.join(format(n, ',') for n in beyond)}; {g['seeds']}) FoX "
                  f"(Pro) gains {mean_ci(f_out)}, the Transformer (Pro) {mean_ci(t_out)}.")
     return (text + " A needle just before the question (depth 1) lifts both models: that is copying from the last "
