@@ -2,6 +2,7 @@
 skips what is done, the sweep picks the learning rates the later parts train at, and the report and the
 reproduction tables regenerate from the result files alone."""
 
+import argparse
 import fnmatch
 import json
 import lzma
@@ -292,6 +293,41 @@ def test_a_gpu_id_given_twice_runs_two_jobs_on_that_gpu_at_once():
     assert [(j.status, j.gpu, j.gpu_jobs) for j in jobs] == [("done", "0", 2), ("done", "0", 2)]
 
 
+def test_a_job_that_needs_its_gpu_alone_takes_every_slot_of_it():
+    """On --gpus 0,0 a Mamba-2 job runs by itself (no job starts beside it) and records one job on its GPU; the
+    two jobs after it then share the GPU."""
+    import threading
+    import time
+
+    running, seen, both = set(), [], threading.Barrier(2, timeout=10)
+
+    class FakeJob:
+        def __init__(self, name, alone):
+            self.name, self.alone, self.gpu, self.status, self.t0 = name, alone, None, "queued", None
+
+        def __call__(self):
+            self.t0 = time.time()
+            running.add(self.name)
+            seen.append(set(running))
+            if self.alone:
+                time.sleep(1.5)  # long enough for the scheduler to start a job beside it, were it allowed to
+            else:
+                both.wait()
+            running.discard(self.name)
+            self.status = "done"
+
+        def progress(self):
+            return self.name
+
+    jobs = [FakeJob("mamba2", True), FakeJob("a", False), FakeJob("b", False)]
+    rp.run_jobs(jobs, rp.visible_gpus("0,0"), every=0.5)
+    assert [(j.status, j.gpu, j.gpu_jobs) for j in jobs] == [("done", "0", 1), ("done", "0", 2), ("done", "0", 2)]
+    assert seen[0] == {"mamba2"} and all("mamba2" not in s for s in seen[1:])
+    run = next(r for r in rp.suite() if r.model == "mamba2")
+    assert rp.Job(run, 4e-3, None, argparse.Namespace(work=Path("w"), out=Path("o"), data_dir=Path("d"),
+                                                      shard_list=list(rp.DEFAULT_SHARDS))).alone
+
+
 def test_speeds_compare_only_runs_that_had_their_gpu_alone():
     from eval.reproduction_results import load_results
     from eval.reproduction_verdicts import speed
@@ -446,5 +482,6 @@ def test_the_baseline_parts_list_each_baselines_grid_and_the_seeds_at_its_pick(c
     lines = [ln.split(" [")[0] for ln in res.stdout.splitlines() if "python train.py" in ln]
     grids = {"mamba2": (1e-3, 2e-3, 4e-3, 8e-3), "hgrn2": (5e-4, 1e-3, 2e-3, 4e-3), "deltanet": (1e-3, 2e-3, 4e-3)}
     assert lines == ([f"{m}-lr{lr:g}-s0" for m, lrs in grids.items() for lr in lrs]
-                     + ["deltanet-lr0.002-s1", "deltanet-lr0.002-s2"])
+                     + [f"{m}-lr{lr:g}-s{seed}" for m, lr in (("mamba2", 4e-3), ("hgrn2", 1e-3), ("deltanet", 2e-3))
+                        for seed in (1, 2)])
     assert "experiment=books/mamba2_125m" in res.stdout and not (tmp_path / "work").exists()
