@@ -23,7 +23,7 @@ from forgetting_transformer.data.longcrawl64 import open_token_array
 from forgetting_transformer.training.evaluate import per_token_loss, spread_rows
 
 
-def _load(path, step, device, data_dir):
+def load_for_eval(path, step, device, data_dir):
     """(DecoderLM, name, train_len, step, source, data_dir, vocab_size, bos_id) of a run dir or an HF export."""
     if (Path(path) / "config.json").is_file() and not (Path(path) / "config.yaml").is_file():
         if data_dir is None:
@@ -38,7 +38,8 @@ def _load(path, step, device, data_dir):
 
 def evaluate_run(run_dir, out_dir, *, rows: int, length: int | None, batch_size: int, device: str,
                  data_dir: str | None = None, step: int | None = None, name: str | None = None) -> Path:
-    model, model_name, train_len, step, source, data_dir, vocab_size, bos_id = _load(run_dir, step, device, data_dir)
+    loaded = load_for_eval(run_dir, step, device, data_dir)
+    model, model_name, train_len, step, source, data_dir, vocab_size, bos_id = loaded
     fingerprint = check_same_tokenizer(run_dir, data_dir)  # data tokenized differently is refused
     heldout = Path(data_dir) / "heldout.zarr"
     row_ids = spread_rows(int(open_token_array(heldout).shape[0]), rows)

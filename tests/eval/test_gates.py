@@ -277,3 +277,51 @@ def test_cli_on_a_trained_run_and_replot(tiny_text_run, tmp_path):
         plot.main([str(tmp_path)])
     with pytest.raises(ValueError, match=r"--length 5000: the text gives only 3 tokens"):
         run.text_tokens(lambda t: {"input_ids": t.split()}, "three short words", 5000)
+
+
+def test_pruning_share_of_a_row_matches_brute_force_over_layers_and_heads():
+    """eval.gates.pruning.row_share: pruned over causal tiles of every layer and head, each tile checked on the full
+    decay matrix against the threshold computed here from the QK-norm weights."""
+    from eval.gates import pruning
+
+    model, T, block = tiny_model(**PRO), 96, (16, 16)
+    x_ids = ids(T)
+    captured = analysis.capture(model, x_ids, range(len(model.blocks)))
+    pruned = total = 0
+    for layer, block_ in enumerate(model.blocks):
+        attn = block_.attn
+        log_f = analysis.project(attn, captured[layer][0])[3]
+        U = attn.q_norm.weight.detach().abs().max() * attn.k_norm.weight.detach().abs().max() * math.sqrt(attn.head_dim)
+        delta = float(-2 * U - math.log(T) - 10.0)
+        for h in range(attn.n_heads):
+            _, p, t = brute_force_acp(log_f[0, :, h], delta, *block)
+            pruned, total = pruned + p, total + t
+    assert 0 < pruned < total  # the local heads prune, the long-range ones do not
+    assert pruning.row_share(model, x_ids, block=block) == pytest.approx(pruned / total)
+    with pytest.raises(ValueError, match="has no forget gate"):
+        pruning.row_share(tiny_model(**VARIANTS["transformer_pro"]), x_ids)
+
+
+def test_pruning_cli_on_held_out_rows(tiny_text_run, tmp_path, capsys):
+    from eval.gates import pruning
+    from forgetting_transformer.data import read_rows
+
+    out = tmp_path / "acp"
+    pruning.main(["--run", str(tiny_text_run), "--out", str(out), "--rows", "3", "--length", "128", "--block", "16",
+                  "--eps", "0.5", "--device", "cpu"])
+    rec = json.loads((out / "acp_rows.json").read_text())
+    data = OmegaConf.load(tiny_text_run / "config.yaml").data
+    n_rows = len(rec["rows"])
+    assert rec["tokens"] == 128 and rec["block"] == [16, 16] and rec["eps"] == 0.5
+    assert len(rec["tile_fraction"]) == n_rows
+    assert rec["rows"] == sorted(set(rec["rows"])) and 1 <= n_rows <= 3
+    model = load_run(tiny_text_run)[0]
+    inputs, _ = read_rows(f"{data.data_dir}/heldout.zarr", rec["rows"], 128, vocab_size=data.vocab_size,
+                          bos_id=data.bos_id)
+    for share, row in zip(rec["tile_fraction"], inputs):
+        assert share == pytest.approx(pruning.row_share(model, row[None], block=(16, 16), eps=0.5))
+    assert rec["mean"] == pytest.approx(np.mean(rec["tile_fraction"]))
+    assert (rec["ci"] is None) == (n_rows == 1)
+    assert "ACP prunes" in capsys.readouterr().out
+    with pytest.raises(ValueError, match=r"--eps 1.5: must be in \(0, 1\)"):
+        pruning.main(["--run", str(tiny_text_run), "--out", str(out), "--eps", "1.5"])
