@@ -16,7 +16,7 @@ import numpy as np
 
 from forgetting_transformer.markdown import table
 from eval.eviction.windows import mean_over_windows
-from eval.reproduction_results import LABELS, RunResult, paired_interval, picks, primary
+from eval.reproduction_results import LABELS, RunResult, paired_interval, picks, primary, wilson
 
 PAIR = (("fox_pro_released", "fox"), ("transformer_pro_released", "transformer"))
 
@@ -54,12 +54,10 @@ def mean_ci(values, sign: str = "+") -> str:
     return f"{ci[0]:{f}} [{ci[1]:{f}}, {ci[2]:{f}}]" if ci else f"{float(np.mean(values)):{f}}"
 
 
-def rate_ci(values, z: float = 1.96) -> str:
-    """Mean [95% Wilson score interval] of per-trial hit rates, with n the number of trials. A rate lies in [0, 1],
-    so its variance is at most p (1 - p): the interval is conservative and, unlike a t interval, stays in [0, 1]."""
-    n, p = len(values), float(np.mean(values))
-    centre, half = p + z * z / (2 * n), z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    lo, hi = (round((centre + sign * half) / (1 + z * z / n), 3) + 0.0 for sign in (-1, 1))  # (+ 0.0: no "-0.000")
+def rate_ci(values) -> str:
+    """Mean [95% Wilson score interval] of per-trial hit rates, with n the number of trials."""
+    p = float(np.mean(values))
+    lo, hi = wilson(p * len(values), len(values))
     return f"{p:.3f} [{lo:.3f}, {hi:.3f}]"
 
 

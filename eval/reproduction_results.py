@@ -131,13 +131,25 @@ def band_cells(curve: np.ndarray | None) -> list[str]:
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)  # Student t, 97.5%, df 1..10
 
 
+Z_975 = 1.959964  # the normal distribution's 97.5% quantile
+
+
 def t_975(df: int) -> float:
     """Student t's 97.5% quantile: the table to 10 degrees of freedom, then the Cornish-Fisher expansion (within
     2e-3 of the exact value from 11 on)."""
     if df <= len(T_975):
         return T_975[df - 1]
-    z = 1.959964
+    z = Z_975
     return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def wilson(k: float, n: int) -> list[float]:
+    """95% Wilson score interval of a proportion k / n (k may be a mean of per-trial rates times n). It stays in
+    [0, 1], unlike a t interval."""
+    p, z2 = k / n, Z_975 ** 2
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z_975 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
 def paired_interval(diffs) -> tuple[float, float, float] | None:

@@ -446,7 +446,7 @@ def run_jobs(jobs: list[Job], gpus: list[str | None], every: float = 10.0) -> No
 def slots_for(job, free: list[str | None], gpus: list[str | None]) -> list[str | None]:
     """The slots the job takes now: one free slot, or (``job.alone``) every slot of a GPU whose slots are all
     free; none while it has to wait."""
-    if not getattr(job, "alone", False):
+    if not job.alone:
         return free[:1]
     return next(([g] * gpus.count(g) for g in dict.fromkeys(free) if free.count(g) == gpus.count(g)), [])
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import sys
 from pathlib import Path
@@ -63,7 +62,7 @@ import torch
 from eval.cli import parse_list, positive_int
 from eval.common import DTYPES, load_model_and_tokenizer
 from eval.niah.run import PromptBuilder, parse_lengths, read_haystack
-from eval.reproduction_results import paired_interval
+from eval.reproduction_results import paired_interval, wilson
 
 NEEDLE = "\nThe secret number for {key} is {value}.\n"
 QUERY = "\n\nWhat is the secret number for {key}? The secret number for {key} is"
@@ -80,7 +79,6 @@ KEY_WORDS = ("apple", "river", "lantern", "violin", "harbor", "meadow", "falcon"
 DEFAULT_LENGTHS = "1k,2k,4k,8k,16k"
 DEFAULT_DEPTHS = "0,0.25,0.5,0.75,1"
 MAX_DIGITS = 18  # numbers drawn as int64
-Z_975 = 1.959964
 
 
 # --------------------------------------------------------------------------- prompts
@@ -269,14 +267,6 @@ def score_passkey(model, items: list[dict], batch_size: int, bar=None) -> list[l
 
 
 # --------------------------------------------------------------------------- statistics
-
-
-def wilson(k: int, n: int) -> list[float]:
-    """95% Wilson score interval of a proportion k / n."""
-    p, z2 = k / n, Z_975 ** 2
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z_975 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
 def t_interval(values: list[float]) -> list[float] | None:

@@ -277,7 +277,7 @@ def test_a_gpu_id_given_twice_runs_two_jobs_on_that_gpu_at_once():
 
     class FakeJob:
         def __init__(self, name):
-            self.name, self.gpu, self.status, self.t0 = name, None, "queued", None
+            self.name, self.alone, self.gpu, self.status, self.t0 = name, False, None, "queued", None
 
         def __call__(self):
             self.t0 = time.time()
