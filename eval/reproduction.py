@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from forgetting_transformer.markdown import table
-from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, LONG, ROW_BANDS, RunResult, alone,
-                                       band_cells, bands_of, baseline_pick, by_seed, claim2_runs, compared,
-                                       display_name, fmt, interval_text,
+from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, LONG, ROW_BANDS, RunResult,
+                                       acp_released, acp_speedups, alone, band_cells, bands_of, baseline_pick,
+                                       by_seed, claim2_runs, compared, display_name, fmt, interval_text,
                                        load_results, paired, paired_interval, picks, primary, row_band_diffs,
                                        verdict)
 from eval.reproduction_probes import copy_frontier_plots, probe_tables
@@ -186,11 +186,43 @@ def claim3_table(runs: list[RunResult]) -> str:
 
 
 def claim4_table(runs: list[RunResult]) -> str:
+    """The released FoX (Pro) with ACP against its dense runs (``acp-released``), then the earlier pair (``acp``)."""
+    dense, twin, acp = acp_released(runs)
+    text = released_acp_table(dense, twin, acp) if acp else "Not run yet: `--parts acp-released`."
+    legacy = legacy_acp_table(runs)
+    earlier = "\n\nThe earlier pair (`--parts acp`, the Pro definition of its time):\n\n"
+    return text + (earlier + legacy if legacy else "")
+
+
+def _pruned(r: RunResult) -> str:
+    """ACP's mean pruned tile share over held-out rows with its 95% interval, in %."""
+    if not r.acp_rows:
+        return "–"
+    ci = r.acp_rows["ci"]
+    return f"{100 * r.acp_rows['mean']:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+
+
+def released_acp_table(dense: dict, twin: dict, acp: dict) -> str:
+    speed, rows = acp_speedups(twin, acp), []
+    for seed in sorted(acp):
+        a, d, t = acp[seed], dense.get(seed), twin.get(seed)
+        rows.append([str(seed), fmt(d.heldout if d else None), fmt(t.heldout if t else None), fmt(a.heldout),
+                     f"{a.heldout - d.heldout:+.4f}" if d else "–",
+                     f"{t.tokens_per_s:,.0f}" if t and alone(t) else "–",
+                     f"{a.tokens_per_s:,.0f}" if alone(a) else "GPU shared",
+                     f"{speed[seed]:.3f}×" if seed in speed else "–", _pruned(a)])
+    n = next((len(r.acp_rows["rows"]) for r in acp.values() if r.acp_rows), None)
+    return table(["seed", "dense held-out loss", "dense twin", "ACP held-out loss", "ACP − dense", "twin tokens/s",
+                  "ACP tokens/s", "ACP / twin speed", f"% tiles pruned, {n} rows [95%]" if n else "% tiles pruned"],
+                 rows)
+
+
+def legacy_acp_table(runs: list[RunResult]) -> str | None:
     pick = picks(runs)
     dense = {r.seed: r for r in primary(runs, "fox_pro", "fox", pick)}
     acp = {r.seed: r for r in primary(runs, "fox_pro_acp", "fox", pick)}
     if not acp:
-        return "Not run yet: `--parts acp`."
+        return None
     rows = []
     for seed in sorted(acp):
         a, d = acp[seed], dense.get(seed)

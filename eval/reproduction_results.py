@@ -39,6 +39,7 @@ class RunResult:
     acp: dict | None = None
     niah: dict = field(default_factory=dict)  # mode → result
     acp_over_training: dict | None = None
+    acp_rows: dict | None = None  # eval.gates.pruning's JSON: ACP's pruned tile share per held-out row
     path: Path | None = None
     params: float | None = None  # millions, as train.py printed them
     rows: list | None = None  # the held-out rows of L(i)
@@ -85,6 +86,8 @@ def _read_run(d: Path) -> RunResult | None:
         res.frontier = json.loads(f.read_text())
     if (d / "acp_over_training.json").is_file():
         res.acp_over_training = json.loads((d / "acp_over_training.json").read_text())
+    if (d / "acp_rows" / "acp_rows.json").is_file():
+        res.acp_rows = json.loads((d / "acp_rows" / "acp_rows.json").read_text())
     return res
 
 
@@ -196,6 +199,21 @@ LABELS.update({label: f"{name}, 4× tokens" for label, _, _, name in LONG})
 
 def by_seed(runs: list[RunResult], label: str, lr: float | None) -> dict[int, RunResult]:
     return {r.seed: r for r in runs if r.label == label and lr is not None and r.lr == lr}
+
+
+def acp_released(runs: list[RunResult]) -> tuple[dict, dict, dict]:
+    """(dense, twin, acp) by seed, at the FoX pick: the released FoX (Pro) of the ``released`` part, its dense twins
+    (the same command, trained just before the ACP run on the same GPU) and the ACP runs (``acp-released``)."""
+    lr = picks(runs).get("fox")
+    dense, twin, acp = (by_seed(runs, label, lr) for label in ("fox_pro_released", "fox_pro_released_dense",
+                                                                "fox_pro_released_acp"))
+    return dense, twin, acp
+
+
+def acp_speedups(twin: dict[int, RunResult], acp: dict[int, RunResult]) -> dict[int, float]:
+    """seed → the ACP run's tokens/s over its dense twin's, where both had a GPU of the same model to themselves."""
+    return {s: acp[s].tokens_per_s / twin[s].tokens_per_s for s in sorted(set(acp) & set(twin))
+            if alone(acp[s]) and alone(twin[s]) and acp[s].device == twin[s].device}
 
 
 def llama_pick(runs: list[RunResult]) -> dict[str, float]:

@@ -37,6 +37,9 @@ one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes 
     baseline-seeds  seeds 1 and 2 of each baseline at its best rate once that rate is inside its grid (DeltaNet 2e-3)
     long       the ``released`` pair and FoX (Pro) without KV-shift at 4x the tokens (warmup 10% of them, as always)
                over all six train shards (tokenized beside --data-dir, the same tokenizer), seeds 0 and 1
+    acp-released  the released FoX (Pro) with ACP, seeds 0-2, its pruned tile share measured over 64 held-out
+               rows; at seeds 0 and 1 a dense twin trains just before it on the same GPU, nothing beside either
+               (whatever --gpus shares), so that their tokens/s compare
 
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
 Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
@@ -65,6 +68,7 @@ from pathlib import Path
 from eval.reproduction import FAMILY as FAMILY_MODEL  # (the pair whose sweep sets each family's lr)
 from eval.reproduction import load_results, picks
 from eval.reproduction_data import prepare_data
+from eval.reproduction_jobs import chain_jobs, run_jobs, visible_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,6 +105,8 @@ class Run:
     retrieval: bool = False  # the retrieval probes (eval.retrieval): the needle's gain and the passkey's rank
     frontier: bool = False  # the eviction frontier (eval.eviction.frontier): loss against KV cache kept
     shards: tuple[str, ...] | None = None  # train shards other than the suite's --shards (the long part's)
+    pruning: bool = False  # ACP's pruned tile share over PRUNING_ROWS held-out rows (eval.gates.pruning)
+    back_to_back: str | None = None  # runs with one key train one after another on a GPU with nothing beside them
 
     def name(self, lr: float) -> str:
         return f"{self.label}-lr{lr:g}-s{self.seed}"
@@ -146,6 +152,12 @@ def suite() -> list[Run]:
                  ("fox_pro_released", "fox_pro", "fox", []), ("transformer_pro_released", "transformer_pro",
                                                               "transformer", []),
                  ("fox_pro_released_no_kv_shift", "fox_pro", "fox", ["model.kv_shift=false"]))]
+    for seed in ACP_RELEASED_SEEDS:  # a dense run timed just before the ACP run, on the same GPU
+        timed = f"acp-released-s{seed}" if seed in ACP_TIMED_SEEDS else None
+        if timed:
+            runs.append(Run("fox_pro_released_dense", "fox_pro", "fox", "acp-released", seed=seed, back_to_back=timed))
+        runs.append(Run("fox_pro_released_acp", "fox_pro", "fox", "acp-released", seed=seed,
+                        overrides=["model.acp=true"], pruning=True, back_to_back=timed))
     for seed in RELEASED_ABLATION_SEEDS:
         runs += [Run(f"fox_pro_released_no_{switch}", "fox_pro", "fox", "released-ablations", seed=seed,
                      overrides=[f"model.{switch}=false"]) for switch in ("output_gate", "output_norm", "qk_norm")]
@@ -159,7 +171,7 @@ def suite() -> list[Run]:
 
 
 PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released", "released-ablations",
-         "llama-seeds", "baselines", "baseline-seeds", "long")
+         "llama-seeds", "baselines", "baseline-seeds", "long", "acp-released")
 # The Pro models of every part but "released" keep the definition they were trained with: the output norm's
 # weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
 # now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
@@ -177,6 +189,8 @@ BASELINE_PICK, BASELINE_SEEDS = {"mamba2": 4e-3, "hgrn2": 1e-3, "deltanet": 2e-3
 ALONE = ("mamba2",)
 BOOKS_TOKENS, BOOKS_WARMUP = 52_428_800, 5_242_880  # the protocol's tokens and warmup (experiment/shared/books.yaml)
 LONG, LONG_SHARDS, LONG_SEEDS = 4, tuple(f"train-{i:02d}" for i in range(6)), (0, 1)  # the long part
+# ACP on the released FoX (Pro): its seeds, and those whose ACP run trains right after a dense twin on one GPU
+ACP_RELEASED_SEEDS, ACP_TIMED_SEEDS, PRUNING_ROWS = (0, 1, 2), (0, 1), 64
 
 
 # ----------------------------------------------------------------------------------------------------- learning rates
@@ -241,9 +255,11 @@ def train_overrides(run: Run, lr: float, data_dir: Path, run_dir: Path, extra: l
 
 
 def eval_commands(run: Run, run_dir: Path, work: Path, extra: dict | None = None) -> list[list[str]]:
-    """The evaluations that follow a run's training, as commands; ``extra`` maps ``niah``, ``retrieval`` and
-    ``frontier`` to arguments appended to theirs, which override the suite's (tests: a toy model on the CPU)."""
-    extra, py, cmds = {"niah": [], "retrieval": [], "frontier": [], **(extra or {})}, sys.executable, []
+    """The evaluations that follow a run's training, as commands; ``extra`` maps ``niah``, ``retrieval``,
+    ``frontier`` and ``pruning`` to arguments appended to theirs, which override the suite's (tests: a toy model on
+    the CPU)."""
+    extra = {"niah": [], "retrieval": [], "frontier": [], "pruning": [], **(extra or {})}
+    py, cmds = sys.executable, []
     if run.niah:
         for mode in ("easy", "standard"):
             cmds.append([py, "-m", "eval.niah.run", str(run_dir), "--out", str(run_dir / "niah"), "--mode", mode,
@@ -265,6 +281,9 @@ def eval_commands(run: Run, run_dir: Path, work: Path, extra: dict | None = None
         if run.gates:
             cmds.append([py, "-m", "eval.gates.run", "--run", str(run_dir), "--text-file", book, "--what", "F,A",
                          "--length", str(GATES_LEN), "--out", str(run_dir / "gates")])
+        if run.pruning:
+            cmds.append([py, "-m", "eval.gates.pruning", "--run", str(run_dir), "--rows", str(PRUNING_ROWS),
+                         "--length", str(ACP_LEN), "--out", str(run_dir / "acp_rows"), *extra["pruning"]])
     if run.acp_trajectory:
         cmds.append([py, str(Path(__file__).resolve()), "_acp-trajectory", str(run_dir),
                      str(work / "heldout_book.txt")])
@@ -327,7 +346,8 @@ def keep_results(run_dir: Path, dest: Path, record: dict, paths: dict[str, str])
         res["loss"] = [round(x, 5) for x in res["loss"]]
         ptl.write_text(json.dumps(res))
     for sub, patterns in (("niah", ("*.json", "*.png")), ("gates", ("gates.json", "gates.png")),
-                          ("acp", ("acp.json", "acp.png")), ("retrieval", ("*.json", "*.png")),
+                          ("acp", ("acp.json", "acp.png")), ("acp_rows", ("acp_rows.json",)),
+                          ("retrieval", ("*.json", "*.png")),
                           ("eviction", ("*.json", "*.png"))):
         for pattern in patterns:
             for f in (run_dir / sub).glob(pattern) if (run_dir / sub).is_dir() else []:
@@ -352,6 +372,7 @@ class Job:
         self.status, self.ok, self.t0 = "queued", False, None
         self.gpu_jobs = 1  # jobs its GPU runs at once (``--gpus 0,0``: 2); tokens/s compare only at 1
         self.alone = run.model in ALONE  # takes every slot of its GPU
+        self.back_to_back = run.back_to_back  # (eval.reproduction_jobs.chain_jobs)
         self.paths = {str(args.data_dir): "$DATA", str(args.work): "$WORK", str(ROOT): "$REPO"}
         self.data_dir = shard_data(args, run.shards)[0]
 
@@ -414,43 +435,6 @@ class Job:
         return f"  {self.name} [{slot}] {self.status} {elapsed} {last}"
 
 
-def run_jobs(jobs: list[Job], gpus: list[str | None], every: float = 10.0) -> None:
-    """Run the jobs in order, each in a free slot (a GPU named twice in ``gpus`` has two slots); a job with
-    ``alone`` set waits for every slot of one GPU and takes them all. A status line per job every ``every`` s."""
-    free, lock, threads = list(gpus), threading.Lock(), []
-    queue = list(jobs)
-    last = time.time()
-    while queue or any(t.is_alive() for t in threads):
-        with lock:
-            for t in [t for t in threads if not t.is_alive()]:
-                threads.remove(t)
-                free += t.slots
-                print(f"{t.job.name}: {t.job.status} in {time.time() - t.job.t0:.0f} s", flush=True)
-            while queue and (slots := slots_for(queue[0], free, gpus)):
-                job = queue.pop(0)
-                for slot in slots:
-                    free.remove(slot)
-                # jobs on its GPU at once: one for a job alone, else its GPU's slots
-                job.gpu, job.gpu_jobs = slots[0], 1 if slots[0] is None else gpus.count(slots[0]) // len(slots)
-                t = threading.Thread(target=job, daemon=True)
-                t.job, t.slots = job, slots
-                t.start()
-                threads.append(t)
-                print(f"{job.name}: started on {'the cpu' if job.gpu is None else f'gpu {job.gpu}'}", flush=True)
-        if time.time() - last >= every:
-            last = time.time()
-            print("\n".join(t.job.progress() for t in threads), flush=True)
-        time.sleep(1.0)
-
-
-def slots_for(job, free: list[str | None], gpus: list[str | None]) -> list[str | None]:
-    """The slots the job takes now: one free slot, or (``job.alone``) every slot of a GPU whose slots are all
-    free; none while it has to wait."""
-    if not job.alone:
-        return free[:1]
-    return next(([g] * gpus.count(g) for g in dict.fromkeys(free) if free.count(g) == gpus.count(g)), [])
-
-
 # ----------------------------------------------------------------------------------------------------- entry
 
 
@@ -460,25 +444,6 @@ def shard_data(a, shards: tuple[str, ...] | None) -> tuple[Path, str]:
     if shards is None or list(shards) == a.shard_list:
         return a.data_dir, "data.json"
     return a.data_dir.with_name(f"{a.data_dir.name}-{len(shards)}-shards"), f"data-{len(shards)}-shards.json"
-
-
-def visible_gpus(spec: str | None) -> list[str | None]:
-    """The slots jobs run in: GPU ids (``0,1``), every visible GPU (None), or ``cpu:N``: N jobs at a time on the
-    CPU (slot None: no CUDA_VISIBLE_DEVICES)."""
-    if spec and spec.startswith("cpu:"):
-        try:
-            n = int(spec[4:])
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise SystemExit(f"--gpus {spec}: expected cpu:N with N >= 1")
-        return [None] * n
-    if spec:
-        return [g.strip() for g in spec.split(",") if g.strip()]
-    import torch
-
-    n = torch.cuda.device_count()
-    return [str(i) for i in range(n)] if n else [None]
 
 
 def main(argv=None) -> int:
@@ -505,7 +470,8 @@ def main(argv=None) -> int:
                    "patterns (fnmatch), e.g. 'fox_pro-*,transformer_pro-*-s0'")
     p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help=argparse.SUPPRESS)  # tests: a tiny corpus
     p.add_argument("--doc-len", type=int, default=DOC_LEN, help=argparse.SUPPRESS)
-    for name in ("niah", "retrieval", "frontier"):  # tests: --niah-args='--lengths 256', what a toy model scores fast
+    # tests: --niah-args='--lengths 256', what a toy model scores fast
+    for name in ("niah", "retrieval", "frontier", "pruning"):
         p.add_argument(f"--{name}-args", default="", help=argparse.SUPPRESS)
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, train nothing")
     p.add_argument("--report", action="store_true", help="write OUT/report.md and the plots from OUT's result files")
@@ -515,7 +481,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     a.out, a.work, a.data_dir = a.out.resolve(), a.work.resolve(), a.data_dir.resolve()
     a.shard_list = [s.strip() for s in a.shards.split(",")]
-    a.eval_args = {k: shlex.split(getattr(a, f"{k}_args")) for k in ("niah", "retrieval", "frontier")}
+    a.eval_args = {k: shlex.split(getattr(a, f"{k}_args")) for k in ("niah", "retrieval", "frontier", "pruning")}
     parts = list(PARTS) if a.parts == "all" else [x.strip() for x in a.parts.split(",") if x.strip()]
     bad = [x for x in parts if x not in PARTS]
     if bad:
@@ -581,7 +547,7 @@ def run_parts(a, parts: list[str]) -> None:
                 prepare_data(a.corpus, list(shards), data_dir, a.out, a.work, vocab_size=a.vocab_size,
                              doc_len=a.doc_len, record_name=name)
             jobs += (batch := [Job(run, lr, None, a) for run, lr in todo])
-            run_jobs(batch, visible_gpus(a.gpus))
+            run_jobs(chain_jobs(batch), visible_gpus(a.gpus))
     failed = [j for j in jobs if not j.ok]
     print(f"{len(jobs) - len(failed)} of {len(jobs)} runs done in {time.time() - t0:.0f} s; results in {a.out}")
     for j in failed:

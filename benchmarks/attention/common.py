@@ -26,6 +26,7 @@ SHAPES = {  # name: (B, T, H, D)
     "S2": (1, 16384, 16, 64),
     "S3": (2, 8192, 8, 128),
     "S4": (1, 32768, 8, 128),
+    "T1": (16, 4096, 12, 64),  # the 125M model's training step: micro-batch 16 at 4k, 12 heads of 64
 }
 TINY = (1, 128, 2, 16)
 

@@ -11,9 +11,9 @@ the whole (autotuned) backward. ``fwd`` / ``dq`` / ``dkdv``: the Gluon kernel un
 kernel with its autotuned config: ms, TFLOP/s on the kernel's share of the FLOPs (forward 1x, dq 1.5x, dk/dv 2x
 the forward's), the speedup and ``d``, the largest relative L2 difference of the outputs from the Triton
 kernel's. ``fused``: the whole backward by the one-kernel Gluon backward per config (BLOCK_M, keys per
-warpgroup, stages, staging slots; with its set-up and d log f) against the dq and dk/dv kernels, at S1, S2 and
-the 760M model's attention (1, 16384, 24, 64), alternating for ``--rounds`` rounds (medians). Correctness of
-every config the op runs is tested by ``tests/ops/test_kernel_gpu.py``.
+warpgroup, stages, staging slots; with its set-up and d log f) against the dq and dk/dv kernels, at S1, T1 (the
+125M model's training step), S2 and the 760M model's attention (1, 16384, 24, 64), alternating for ``--rounds``
+rounds (medians). Correctness of every config the op runs is tested by ``tests/ops/test_kernel_gpu.py``.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def sweep_fused(rounds):
     configs = GLUON_SWEEP["fused"]
     print(f"whole backward ms (median of {rounds} alternating rounds of do_bench); the op's pick: "
           f"{L.GLUON_CONFIGS['fused']}; {environment()}")
-    for name, (B, T, H, D) in {"S1": SHAPES["S1"], "S2": SHAPES["S2"], "760M": (1, 16384, 24, 64)}.items():
+    shapes = {"S1": SHAPES["S1"], "T1": SHAPES["T1"], "S2": SHAPES["S2"], "760M": (1, 16384, 24, 64)}
+    for name, (B, T, H, D) in shapes.items():
         q, k, v, lf = make_inputs(B, T, H, D)
         o, lse = L.forward(q, k, v, lf)
         do = torch.randn_like(q)

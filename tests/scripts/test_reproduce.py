@@ -43,7 +43,8 @@ def corpus(tmp_path_factory):
 
 # the evaluations at prompt lengths and counts a toy model on the CPU scores in seconds
 TOY_EVALS = ["--niah-args=--lengths 256,512", "--retrieval-args=--lengths 256,512 --trials 4",
-             "--frontier-args=--lengths 256 --continuation 128 --new-tokens 8 --fractions 0.02,0.5 --acp-eps 1e-2"]
+             "--frontier-args=--lengths 256 --continuation 128 --new-tokens 8 --fractions 0.02,0.5 --acp-eps 1e-2",
+             "--pruning-args=--rows 4 --length 256"]
 
 
 def reproduce(corpus, tmp, *args):
@@ -60,7 +61,7 @@ TOY_PARTS = [p for p in rp.PARTS if p not in ("baselines", "baseline-seeds")]
 TOY_ONLY = ",".join(["fox_pro-*", "transformer_pro-*-s0", "fox_llama-lr0.0005-s0", "fox_llama-*-s1",
                      "fox_pro_no_kv_shift-*", "fox_pro_fixed-*", "fox_pro_acp-*-s0", "path_pro-*", "path_fox_pro-*",
                      "fox_pro_released-*-s0", "transformer_pro_released-*-s0", "fox_pro_released_no_qk_norm-*-s0",
-                     "fox_pro_released_4x-*-s0"])
+                     "fox_pro_released_4x-*-s0", "fox_pro_released_dense-*-s0", "fox_pro_released_acp-*-s0"])
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,7 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
     runs = runs_of(tmp)
     unique = {run.name(lr) for run, lr in rp.planned(rp.suite(), tmp / "results", TOY_PARTS)
               if any(fnmatch.fnmatch(run.name(lr), x) for x in TOY_ONLY.split(","))}
-    assert len(runs) == len(unique) and 19 <= len(unique) <= 20 and len(rp.suite()) == 81
+    assert len(runs) == len(unique) and 21 <= len(unique) <= 22 and len(rp.suite()) == 86
     assert {d["part"] for d in runs.values()} == set(TOY_PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -102,6 +103,7 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
             assert str(tmp) not in f.read_text(), f
         assert (d / "acp" / "acp.json").is_file() == done["model"].startswith("fox"), name
         assert (d / "niah").is_dir() == (done["part"] in ("main", "path")), name
+        assert (d / "acp_rows" / "acp_rows.json").is_file() == (done["label"] == "fox_pro_released_acp"), name
     fox = tmp / "results" / "runs" / next(n for n in runs if n.startswith("fox_pro-") and runs[n]["part"] == "main")
     niah = sorted(p.name for p in (fox / "niah").glob("*.json"))
     assert niah == [f"{fox.name}_easy.json", f"{fox.name}_standard.json"]
@@ -143,8 +145,9 @@ def test_the_released_part_trains_the_released_definition_and_the_others_keep_th
         model = OmegaConf.load(tmp / "results" / "runs" / name / "config.yaml").model
         if done["model"] not in rp.LEGACY_PRO:
             continue
-        assert model.output_norm_per_head == (done["part"] in (*parts, "long")), name  # long: the released models
-        assert model.qk_norm_eps == (1e-5 if done["part"] in (*parts, "long") else None), name
+        now = done["part"] in (*parts, "long", "acp-released")  # (long and acp-released: the released models)
+        assert model.output_norm_per_head == now, name
+        assert model.qk_norm_eps == (1e-5 if now else None), name
     assert all("model.qk_norm=false" in d["command"] for d in released.values()
                if d["label"] == "fox_pro_released_no_qk_norm")
     planned = [run for run in rp.suite() if run.part in parts]  # the pair and - KV-shift at 5 seeds, the rest at 3
@@ -208,6 +211,24 @@ def test_acp_runs_measure_pruning_over_training(suite):
     assert steps == list(range(1, 9))  # 8 steps, a checkpoint each (ACP_CHECKPOINTS evenly spaced)
     assert all(0 <= c["tile_fraction"] <= 1 for c in traj["checkpoints"])
     assert "model.acp=true" in json.loads((acp[0] / "done.json").read_text())["command"]
+
+
+def test_acp_released_trains_after_its_dense_twin_and_measures_pruning_over_rows(suite):
+    """The dense twin and the ACP run of seed 0 go as one job (twin first, nothing beside them on the two CPU
+    slots); the ACP run's pruned share covers the requested held-out rows."""
+    tmp, res = suite
+    twin = next(n for n in runs_of(tmp) if n.startswith("fox_pro_released_dense-"))
+    acp = twin.replace("_dense-", "_acp-")
+    lines = res.stdout.splitlines()
+    start = lines.index(f"{twin} then {acp}: started on the cpu")
+    done = [i for i, ln in enumerate(lines) if ln.startswith((f"{twin}: done", f"{acp}: done"))]
+    assert len(done) == 2 and start < done[0] < done[1] and lines[done[0]].startswith(twin)
+    between = lines[start + 1:done[1]]
+    assert not [ln for ln in between if ": started on" in ln], between  # nothing started beside the pair
+    rows = json.loads((tmp / "results" / "runs" / acp / "acp_rows" / "acp_rows.json").read_text())
+    assert len(rows["rows"]) == len(rows["tile_fraction"]) == 4 and rows["tokens"] == 256
+    assert rows["mean"] == pytest.approx(np.mean(rows["tile_fraction"]))
+    assert "model.acp=true" in json.loads((tmp / "results" / "runs" / acp / "done.json").read_text())["command"]
 
 
 def test_a_rerun_skips_every_finished_run(corpus, suite):
