@@ -20,7 +20,7 @@ import numpy as np
 from forgetting_transformer.markdown import table
 from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, LONG, ROW_BANDS, RunResult,
                                        acp_released, acp_speedups, alone, band_cells, bands_of, baseline_pick,
-                                       by_seed, claim2_runs, compared, display_name, fmt, interval_text,
+                                       by_seed, claim2_runs, compared, display_name, fmt, interval_text, llama_pick,
                                        load_results, paired, paired_interval, picks, primary, row_band_diffs,
                                        verdict)
 from eval.reproduction_probes import copy_frontier_plots, probe_tables
@@ -189,6 +189,9 @@ def claim4_table(runs: list[RunResult]) -> str:
     """The released FoX (Pro) with ACP against its dense runs (``acp-released``), then the earlier pair (``acp``)."""
     dense, twin, acp = acp_released(runs)
     text = released_acp_table(dense, twin, acp) if acp else "Not run yet: `--parts acp-released`."
+    _, twin16, acp16 = acp_released(runs, "_16k")
+    text += ("\n\nAt 16,384 tokens of context (`--parts acp-16k`):\n\n" + released_acp_table({}, twin16, acp16)
+             if acp16 else "\n\nThe pair at 16,384 tokens of context (`--parts acp-16k`) has not run yet.")
     legacy = legacy_acp_table(runs)
     earlier = "\n\nThe earlier pair (`--parts acp`, the Pro definition of its time):\n\n"
     return text + (earlier + legacy if legacy else "")
@@ -203,18 +206,22 @@ def _pruned(r: RunResult) -> str:
 
 
 def released_acp_table(dense: dict, twin: dict, acp: dict) -> str:
+    """One row per ACP seed: its loss against the ``released`` run of the seed (where ``dense`` has one) and its
+    dense twin, their tokens/s, and the pruned tile share over held-out rows."""
     speed, rows = acp_speedups(twin, acp), []
     for seed in sorted(acp):
         a, d, t = acp[seed], dense.get(seed), twin.get(seed)
-        rows.append([str(seed), fmt(d.heldout if d else None), fmt(t.heldout if t else None), fmt(a.heldout),
-                     f"{a.heldout - d.heldout:+.4f}" if d else "–",
+        released = [fmt(d.heldout if d else None)] if dense else []
+        versus = [f"{a.heldout - d.heldout:+.4f}" if d else "–"] if dense else [
+            f"{a.heldout - t.heldout:+.4f}" if t else "–"]
+        rows.append([str(seed), *released, fmt(t.heldout if t else None), fmt(a.heldout), *versus,
                      f"{t.tokens_per_s:,.0f}" if t and alone(t) else "–",
                      f"{a.tokens_per_s:,.0f}" if alone(a) else "GPU shared",
                      f"{speed[seed]:.3f}×" if seed in speed else "–", _pruned(a)])
     n = next((len(r.acp_rows["rows"]) for r in acp.values() if r.acp_rows), None)
-    return table(["seed", "dense held-out loss", "dense twin", "ACP held-out loss", "ACP − dense", "twin tokens/s",
-                  "ACP tokens/s", "ACP / twin speed", f"% tiles pruned, {n} rows [95%]" if n else "% tiles pruned"],
-                 rows)
+    return table(["seed", *(["dense held-out loss"] if dense else []), "dense twin", "ACP held-out loss",
+                  "ACP − dense" if dense else "ACP − twin", "twin tokens/s", "ACP tokens/s", "ACP / twin speed",
+                  f"% tiles pruned, {n} rows [95%]" if n else "% tiles pruned"], rows)
 
 
 def legacy_acp_table(runs: list[RunResult]) -> str | None:
@@ -284,18 +291,28 @@ RELEASED = (("fox_pro_released", "fox", "FoX (Pro)"), ("transformer_pro_released
             ("fox_pro_released_no_kv_shift", "fox", "− KV-shift"), ("fox_pro_released_no_output_gate", "fox",
                                                                     "− output gate"),
             ("fox_pro_released_no_output_norm", "fox", "− output norm"), ("fox_pro_released_no_qk_norm", "fox",
-                                                                         "− QK-norm"))
+                                                                         "− QK-norm"),
+            ("fox_pro_released_data_independent", "fox", "data-indep. gate"),
+            ("fox_pro_released_fixed", "fox", "fixed gate"), ("fox_pro_released_rope", "fox", "+ RoPE"))
 # (label, baseline label, the sign of label − baseline the paper reports or None, name); the last three compare
 # with the earlier definition's runs (output norm shared across heads, QK-norm eps 1e-6) at equal seeds
 RELEASED_PAIRS = (("transformer_pro_released", "fox_pro_released", +1, "Transformer (Pro) − FoX (Pro)"),
                   *((f"fox_pro_released_no_{k}", "fox_pro_released", +1, f"FoX (Pro) − {n} − FoX (Pro)")
                     for k, n in (("kv_shift", "KV-shift"), ("output_gate", "output gate"),
                                  ("output_norm", "output norm"), ("qk_norm", "QK-norm"))),
+                  ("fox_pro_released_data_independent", "fox_pro_released", +1,
+                   "FoX (Pro), data-independent gate − FoX (Pro)"),
+                  ("fox_pro_released_fixed", "fox_pro_released", +1, "FoX (Pro), fixed gate − FoX (Pro)"),
+                  ("fox_pro_released_rope", "fox_pro_released", None, "FoX (Pro) + RoPE − FoX (Pro)"),
+                  ("transformer_llama_no_rope", "transformer_llama", +1,
+                   "Transformer (LLaMA) w/o RoPE − with RoPE, both at the LLaMA pick"),
                   ("fox_pro_released", "fox_pro", None, "FoX (Pro): released − earlier definition"),
                   ("transformer_pro_released", "transformer_pro", None,
                    "Transformer (Pro): released − earlier definition"),
                   ("fox_pro_released_no_kv_shift", "fox_pro_no_kv_shift", None,
                    "FoX (Pro) − KV-shift: released − earlier definition"))
+
+
 def released_table(runs: list[RunResult]) -> str:
     """Held-out loss per seed of the released-definition runs, and the paired differences with 95% intervals."""
     pick = picks(runs)
@@ -303,15 +320,18 @@ def released_table(runs: list[RunResult]) -> str:
     seeds = sorted(set().union(*by.values()))
     for label, family in (("fox_pro", "fox"), ("transformer_pro", "transformer"), ("fox_pro_no_kv_shift", "fox")):
         by[label] = {r.seed: r.heldout for r in primary(runs, label, family, pick)}
+    llama = llama_pick(runs).get("transformer_llama")  # released-gates trains without RoPE at the pair's own rate
+    for label in ("transformer_llama_no_rope", "transformer_llama"):
+        by[label] = {s: r.heldout for s, r in by_seed(runs, label, llama).items()}
     if not seeds:
         return "Not run yet: `--parts released`."
-    rows = [[str(seed), *(fmt(by[label].get(seed)) for label, _, _ in RELEASED)] for seed in seeds]
-    rows.append(["mean", *(fmt(float(np.mean(list(by[label].values()))) if by[label] else None)
-                           for label, _, _ in RELEASED)])
-    text = table(["seed", *(f"{name} (lr {pick.get(family, float('nan')):g})" for _, family, name in RELEASED)],
-                  rows)
+    cols = [c for c in RELEASED if by[c[0]]]  # the models run so far
+    rows = [[str(seed), *(fmt(by[label].get(seed)) for label, _, _ in cols)] for seed in seeds]
+    rows.append(["mean", *(fmt(float(np.mean(list(by[label].values())))) for label, _, _ in cols)])
+    text = table(["seed", *(f"{name} (lr {pick.get(family, float('nan')):g})" for _, family, name in cols)], rows)
     pairs = [(name, [by[label][s] - by[base][s] for s in sorted(set(by[label]) & set(by[base]))], sign)
              for label, base, sign, name in RELEASED_PAIRS]
+    pairs = [p for p in pairs if p[1]]  # the pairs run so far
     return text + "\n\n" + pairs_table(pairs)
 
 

@@ -189,7 +189,9 @@ def verdict(interval: tuple[float, float, float] | None, paper_sign: int | None)
 
 BASELINES = ("mamba2", "hgrn2", "deltanet")
 LABELS.update({"fox_pro_released": "FoX (Pro)", "transformer_pro_released": "Transformer (Pro)", "mamba2": "Mamba-2",
-               "hgrn2": "HGRN2", "deltanet": "DeltaNet"})
+               "hgrn2": "HGRN2", "deltanet": "DeltaNet",
+               "fox_pro_released_data_independent": "FoX (Pro), data-independent gate",
+               "fox_pro_released_fixed": "FoX (Pro), fixed gate", "fox_pro_released_rope": "FoX (Pro) + RoPE"})
 # the long part: the released pair and FoX (Pro) without KV-shift at 4x the tokens, over all six train shards
 LONG = (("fox_pro_released_4x", "fox_pro_released", "fox", "FoX (Pro)"),
         ("transformer_pro_released_4x", "transformer_pro_released", "transformer", "Transformer (Pro)"),
@@ -201,12 +203,14 @@ def by_seed(runs: list[RunResult], label: str, lr: float | None) -> dict[int, Ru
     return {r.seed: r for r in runs if r.label == label and lr is not None and r.lr == lr}
 
 
-def acp_released(runs: list[RunResult]) -> tuple[dict, dict, dict]:
+def acp_released(runs: list[RunResult], context: str = "") -> tuple[dict, dict, dict]:
     """(dense, twin, acp) by seed, at the FoX pick: the released FoX (Pro) of the ``released`` part, its dense twins
-    (the same command, trained just before the ACP run on the same GPU) and the ACP runs (``acp-released``)."""
+    (the same command, trained just before the ACP run on the same GPU) and the ACP runs (``acp-released``).
+    ``context="_16k"``: the ``acp-16k`` pair (no ``released`` run: dense is empty)."""
     lr = picks(runs).get("fox")
-    dense, twin, acp = (by_seed(runs, label, lr) for label in ("fox_pro_released", "fox_pro_released_dense",
-                                                                "fox_pro_released_acp"))
+    dense, twin, acp = (by_seed(runs, label, lr) for label in (f"fox_pro_released{context}",
+                                                                f"fox_pro_released_dense{context}",
+                                                                f"fox_pro_released_acp{context}"))
     return dense, twin, acp
 
 
@@ -273,7 +277,8 @@ def claim2_runs(runs: list[RunResult]) -> list[RunResult]:
     beside the Transformer (LLaMA) at its rate."""
     out = [rs[min(rs)] for label, lr in compared(runs) if (rs := {s: r for s, r in by_seed(runs, label, lr).items()
                                                                   if r.loss_curve is not None})]
-    no_rope = [r for r in runs if r.label == "transformer_llama_no_rope" and r.seed == 0 and r.loss_curve is not None]
+    no_rope = [r for r in runs if r.label == "transformer_llama_no_rope" and r.seed == 0 and r.loss_curve is not None
+               and r.lr == picks(runs).get("transformer")]  # (the gates part's; released-gates trains its own rate)
     for r in no_rope[:1]:
         out += [x for x in runs if x.label == "transformer_llama" and x.lr == r.lr and x.seed == 0 and x not in out]
         out.append(r)

@@ -55,6 +55,38 @@ def removals(runs) -> list[tuple[str, list[float]]]:
             for k, name in REMOVALS]
 
 
+# Table 3's gates and RoPE on the released definition (part released-gates): (label, its baseline, the paper's
+# claim, the sign of label − baseline it reports or None: no difference)
+GATES = (("fox_pro_released_data_independent", "fox_pro_released",
+          "A data-independent forget gate is worse than the data-dependent one", +1),
+         ("fox_pro_released_fixed", "fox_pro_released", "A fixed forget gate is worse than the data-dependent one", +1),
+         ("fox_pro_released_rope", "fox_pro_released", "RoPE adds nothing to FoX (Pro)", None),
+         ("transformer_llama_no_rope", "transformer_llama", "The Transformer (LLaMA) needs RoPE", +1))
+
+
+def gate_diffs(runs) -> list[tuple[str, list[float], int | None]]:
+    """(claim, label − baseline at each shared seed, the paper's sign) for GATES: the FoX models at the FoX pick,
+    the Transformer (LLaMA) pair at its own rate."""
+    rates = {"fox": picks(runs).get("fox"), "transformer": llama_pick(runs).get("transformer_llama")}
+    return [(claim, paired(by_seed(runs, label, rates[label.split("_")[0]]),
+                           by_seed(runs, base, rates[label.split("_")[0]])), sign)
+            for label, base, claim, sign in GATES]
+
+
+def _gate_verdict(diffs: list[float], sign: int | None) -> str:
+    n = f"{_seeds(len(diffs))}, released definition"
+    if not diffs:
+        return "not run (`--parts released-gates`)"
+    if sign is not None:
+        return f"{_seeds_verdict(diffs, sign)} ({n})"
+    ci, mean = paired_interval(diffs), float(np.mean(diffs))
+    if ci is None:
+        return f"inconclusive ({n})"
+    if ci[1] <= 0 <= ci[2]:
+        return f"no difference measured ({n})"
+    return f"differs: {'higher' if mean > 0 else 'lower'} by {abs(mean):.3f} nats/token ({n})"
+
+
 def baseline_diffs(runs) -> dict[str, list[float]]:
     """label → the baseline at its best rate minus FoX (Pro) at the same seeds (claim 1's paired differences)."""
     fox = by_seed(runs, "fox_pro_released", picks(runs).get("fox"))
@@ -243,7 +275,8 @@ def claim3(runs: list[RunResult]) -> str:
     groups = [("cost more than the spread, as in the paper", cost), ("lower the loss by more than it, against the "
               "paper", helps), ("stay inside it", noise)]
     text += "; ".join(f"{', '.join(items)} {what}" for what, items in groups if items) + "."
-    no_rope = [r for r in runs if r.label == "transformer_llama_no_rope" and r.seed == 0]
+    no_rope = [r for r in runs if r.label == "transformer_llama_no_rope" and r.seed == 0 and r.lr == pick.get(
+        "transformer")]
     rope = [r for r in runs if r.label == "transformer_llama" and no_rope and r.lr == no_rope[0].lr and r.seed == 0]
     if no_rope and rope:
         text += (f" The Transformer (LLaMA) without RoPE is {_d(no_rope[0].heldout - rope[0].heldout)} above it "
@@ -256,6 +289,7 @@ def claim3(runs: list[RunResult]) -> str:
 def claim4(runs: list[RunResult]) -> str:
     dense, twin, acp = acp_released(runs)
     text = _acp_released(dense, twin, acp) if acp and dense else "Not run yet: `--parts acp-released`."
+    text += _acp_16k(runs)
     legacy = _acp_legacy(runs)
     return text + (f"\n\n{legacy}" if legacy else "")
 
@@ -324,6 +358,24 @@ def _acp_released(dense, twin, acp) -> str:
     (loss, t_loss), (prune, t_prune), (fast, t_fast) = _acp_loss(dense, twin, acp), _acp_pruning(acp), \
         _acp_speed(twin, acp)
     return f"**Verdict: {loss}; {prune}; {fast}.** {t_loss}{t_prune}{t_fast}"
+
+
+def _acp_16k(runs: list[RunResult]) -> str:
+    """A sentence on the acp-16k pair (one seed: no interval across seeds), empty before it has run."""
+    _, twin, acp = acp_released(runs, "_16k")
+    if not acp:
+        return ""
+    seed = min(acp)
+    a, t, speed, said = acp[seed], twin.get(seed), acp_speedups(twin, acp), []
+    if t:
+        said.append(f"ACP − dense twin {a.heldout - t.heldout:+.4f} nats/token")
+    if seed in speed:
+        said.append(f"ACP at {speed[seed]:.3f}× the twin's tokens/s, back to back on one {a.device}")
+    if a.acp_rows:
+        ci = a.acp_rows["ci"]
+        said.append(f"{100 * a.acp_rows['mean']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+                    + f" of the forward tiles pruned over {len(a.acp_rows['rows'])} held-out rows")
+    return f" At 16,384 tokens of context (seed {seed}, one pair): {'; '.join(said)}."
 
 
 def _acp_legacy(runs: list[RunResult]) -> str | None:
@@ -400,8 +452,11 @@ def released(runs: list[RunResult]) -> str:
     pro, v_pro = _pair(runs, "transformer_pro_released", "fox_pro_released")
     if not pro:
         return "Not run yet: `--parts released`."
+    gates = [f"{claim[0].lower()}{claim[1:]}: {_d(np.mean(diffs))}, {_ci(diffs)}, {_gate_verdict(diffs, sign)}"
+             for claim, diffs, sign in gate_diffs(runs) if diffs]
     return (f"**Verdict.** Transformer (Pro) − FoX (Pro): {_d(np.mean(pro))}, {_ci(pro)}, {v_pro}. Against FoX (Pro) "
-            f"of the same seeds: {'; '.join(rows)}. The paper has every removal raising the loss.")
+            f"of the same seeds: {'; '.join(rows)}. The paper has every removal raising the loss."
+            + (f" Table 3's gates and RoPE (each minus its baseline): {'; '.join(gates)}." if gates else ""))
 
 
 def long(runs: list[RunResult]) -> str:
@@ -479,6 +534,7 @@ def summary(runs: list[RunResult]) -> str:
     for name, diffs in removals(runs):
         rows.append([f"3. Removing {name} raises the loss",
                      f"{_seeds_verdict(diffs, +1)} ({len(diffs)} seed{'s' * (len(diffs) != 1)}, released definition)"])
+    rows += [[f"3. {claim}", _gate_verdict(diffs, sign)] for claim, diffs, sign in gate_diffs(runs)]
     rows += acp_rows(runs)
     rows.append(["5. Local and global heads", "reproduced"])
     rows.append(["6. Needle in a haystack", "generation: inconclusive (no 125M model answers); "

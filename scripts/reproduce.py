@@ -40,6 +40,10 @@ one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes 
     acp-released  the released FoX (Pro) with ACP, seeds 0-2, its pruned tile share measured over 64 held-out
                rows; at seeds 0 and 1 a dense twin trains just before it on the same GPU, nothing beside either
                (whatever --gpus shares), so that their tokens/s compare
+    acp-16k    the same at 16,384 tokens of context, seed 0: a dense twin, then ACP, back to back (131,072 tokens per
+               step as always: 8 sequences)
+    released-gates  Table 3's data-independent and fixed gates and FoX (Pro) + RoPE on the released FoX (Pro),
+               and the Transformer (LLaMA) without RoPE at the LLaMA pair's own rate (1e-3), seeds 0, 1, 2
 
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
 Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
@@ -158,6 +162,14 @@ def suite() -> list[Run]:
             runs.append(Run("fox_pro_released_dense", "fox_pro", "fox", "acp-released", seed=seed, back_to_back=timed))
         runs.append(Run("fox_pro_released_acp", "fox_pro", "fox", "acp-released", seed=seed,
                         overrides=["model.acp=true"], pruning=True, back_to_back=timed))
+    runs += [Run(f"fox_pro_released_{kind}_16k", "fox_pro", "fox", "acp-16k", overrides=[*CONTEXT_16K, *acp],
+                 pruning=bool(acp), back_to_back="acp-16k-s0")
+             for kind, acp in (("dense", []), ("acp", ["model.acp=true"]))]
+    for seed in RELEASED_ABLATION_SEEDS:  # Table 3's gates and RoPE: the presets now train the released models
+        runs += [Run(f"fox_pro_released_{kind}", f"fox_pro_{kind}", "fox", "released-gates", seed=seed)
+                 for kind in ("data_independent", "fixed", "rope")]
+        runs.append(Run("transformer_llama_no_rope", "transformer_llama", "transformer", "released-gates", seed=seed,
+                        lr=LLAMA_PICK, overrides=["model.rope=false"]))
     for seed in RELEASED_ABLATION_SEEDS:
         runs += [Run(f"fox_pro_released_no_{switch}", "fox_pro", "fox", "released-ablations", seed=seed,
                      overrides=[f"model.{switch}=false"]) for switch in ("output_gate", "output_norm", "qk_norm")]
@@ -171,7 +183,7 @@ def suite() -> list[Run]:
 
 
 PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released", "released-ablations",
-         "llama-seeds", "baselines", "baseline-seeds", "long", "acp-released")
+         "llama-seeds", "baselines", "baseline-seeds", "long", "acp-released", "acp-16k", "released-gates")
 # The Pro models of every part but "released" keep the definition they were trained with: the output norm's
 # weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
 # now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
@@ -191,6 +203,8 @@ BOOKS_TOKENS, BOOKS_WARMUP = 52_428_800, 5_242_880  # the protocol's tokens and 
 LONG, LONG_SHARDS, LONG_SEEDS = 4, tuple(f"train-{i:02d}" for i in range(6)), (0, 1)  # the long part
 # ACP on the released FoX (Pro): its seeds, and those whose ACP run trains right after a dense twin on one GPU
 ACP_RELEASED_SEEDS, ACP_TIMED_SEEDS, PRUNING_ROWS = (0, 1, 2), (0, 1), 64
+# the acp-16k pair: 16,384-token context at the protocol's 131,072 tokens per step (8 sequences, 4 per micro-batch)
+CONTEXT_16K = ("data.seq_len=16384", "train.batch_size=8", "train.micro_batch_size=4")
 
 
 # ----------------------------------------------------------------------------------------------------- learning rates
@@ -283,7 +297,7 @@ def eval_commands(run: Run, run_dir: Path, work: Path, extra: dict | None = None
                          "--length", str(GATES_LEN), "--out", str(run_dir / "gates")])
         if run.pruning:
             cmds.append([py, "-m", "eval.gates.pruning", "--run", str(run_dir), "--rows", str(PRUNING_ROWS),
-                         "--length", str(ACP_LEN), "--out", str(run_dir / "acp_rows"), *extra["pruning"]])
+                         "--out", str(run_dir / "acp_rows"), *extra["pruning"]])  # at the training length
     if run.acp_trajectory:
         cmds.append([py, str(Path(__file__).resolve()), "_acp-trajectory", str(run_dir),
                      str(work / "heldout_book.txt")])

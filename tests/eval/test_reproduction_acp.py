@@ -72,7 +72,8 @@ def test_without_the_released_runs_the_earlier_pair_speaks():
     runs = [r for r in suite() if r.part != "acp-released"]
     runs += [run("fox_pro", 1e-3, 1, "main", 4.02, 90.0), run("fox_pro_acp", 1e-3, 0, "acp", 3.99, 120.0),
              run("fox_pro_acp", 1e-3, 1, "acp", 4.03, 120.0)]
-    assert claim4_table(runs).startswith("Not run yet: `--parts acp-released`.\n\nThe earlier pair (`--parts acp`")
+    assert claim4_table(runs).startswith("Not run yet: `--parts acp-released`.\n\nThe pair at 16,384 tokens of "
+                                         "context (`--parts acp-16k`) has not run yet.\n\nThe earlier pair")
     said = claim4(runs)
     assert said.startswith("Not run yet: `--parts acp-released`.\n\nThe earlier pair (`--parts acp`): ACP moves the "
                            "held-out loss by -0.25% (seed 0), +0.25% (seed 1)")
@@ -81,3 +82,17 @@ def test_without_the_released_runs_the_earlier_pair_speaks():
     assert "| 4. ACP leaves the loss unchanged | no change measured (2 seeds) |" in rows
     assert "| 4. ACP prunes most tiles and trains faster | pruning: not measured over many rows; speed: not " \
            "measured back to back |" in rows
+
+
+def test_the_16k_pair_gets_its_own_table_and_sentence_against_its_twin():
+    runs = suite() + [run("fox_pro_released_dense_16k", 1e-3, 0, "acp-16k", 4.05, 50.0),
+                      run("fox_pro_released_acp_16k", 1e-3, 0, "acp-16k", 4.049, 80.0, rows=[0.9, 0.94])]
+    table = claim4_table(runs)
+    head, _, rows = table.partition("At 16,384 tokens of context (`--parts acp-16k`):\n\n")
+    assert "| 2 | 4.1100 |" in head and rows.splitlines()[0].startswith("| seed | dense twin | ACP held-out loss | "
+                                                                           "ACP − twin |")
+    assert rows.splitlines()[2] == "| 0 | 4.0500 | 4.0490 | -0.0010 | 50 | 80 | 1.600× | 92.0 [90.0, 94.0] |"
+    assert (" At 16,384 tokens of context (seed 0, one pair): ACP − dense twin -0.0010 nats/token; ACP at 1.600× "
+            "the twin's tokens/s, back to back on one NVIDIA H200; 92.0% [90.0, 94.0] of the forward tiles pruned "
+            "over 2 held-out rows.") in claim4(runs)
+    assert "At 16,384" not in claim4(suite())

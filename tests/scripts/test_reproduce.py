@@ -56,12 +56,14 @@ def reproduce(corpus, tmp, *args):
 
 
 # Every part at the toy size, a run or a few of each (the sweep whole: the other parts train at its picks); not the
-# fla baselines, whose kernels need a GPU (their parts are listed by a dry run below)
-TOY_PARTS = [p for p in rp.PARTS if p not in ("baselines", "baseline-seeds")]
+# fla baselines, whose kernels need a GPU, nor the 16k ACP pair, the acp-released pair at another context (their
+# parts are listed by a dry run below)
+TOY_PARTS = [p for p in rp.PARTS if p not in ("baselines", "baseline-seeds", "acp-16k")]
 TOY_ONLY = ",".join(["fox_pro-*", "transformer_pro-*-s0", "fox_llama-lr0.0005-s0", "fox_llama-*-s1",
                      "fox_pro_no_kv_shift-*", "fox_pro_fixed-*", "fox_pro_acp-*-s0", "path_pro-*", "path_fox_pro-*",
                      "fox_pro_released-*-s0", "transformer_pro_released-*-s0", "fox_pro_released_no_qk_norm-*-s0",
-                     "fox_pro_released_4x-*-s0", "fox_pro_released_dense-*-s0", "fox_pro_released_acp-*-s0"])
+                     "fox_pro_released_4x-*-s0", "fox_pro_released_dense-*-s0", "fox_pro_released_acp-*-s0",
+                     "fox_pro_released_rope-*-s0"])
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +91,7 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
     runs = runs_of(tmp)
     unique = {run.name(lr) for run, lr in rp.planned(rp.suite(), tmp / "results", TOY_PARTS)
               if any(fnmatch.fnmatch(run.name(lr), x) for x in TOY_ONLY.split(","))}
-    assert len(runs) == len(unique) and 21 <= len(unique) <= 22 and len(rp.suite()) == 86
+    assert len(runs) == len(unique) and 22 <= len(unique) <= 23 and len(rp.suite()) == 100
     assert {d["part"] for d in runs.values()} == set(TOY_PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -145,7 +147,7 @@ def test_the_released_part_trains_the_released_definition_and_the_others_keep_th
         model = OmegaConf.load(tmp / "results" / "runs" / name / "config.yaml").model
         if done["model"] not in rp.LEGACY_PRO:
             continue
-        now = done["part"] in (*parts, "long", "acp-released")  # (long and acp-released: the released models)
+        now = done["part"] in (*parts, "long", "acp-released", "released-gates")  # (these train the released models)
         assert model.output_norm_per_head == now, name
         assert model.qk_norm_eps == (1e-5 if now else None), name
     assert all("model.qk_norm=false" in d["command"] for d in released.values()
@@ -255,7 +257,8 @@ def test_report_and_tables_regenerate_from_the_files_alone(suite):
     assert tables["claim3"].count("\n|") >= 4  # the rule and the toy suite's three Table 3 rows
     report = write_report(tmp / "results", tmp / "images")
     assert "## claim4" in report.read_text()
-    assert "| FoX (Pro) − KV-shift − FoX (Pro) |" in tables["released"]
+    assert "| FoX (Pro) − QK-norm − FoX (Pro) |" in tables["released"]  # the pairs the toy suite ran
+    assert "| FoX (Pro) + RoPE − FoX (Pro) |" in tables["released"] and "KV-shift − FoX" not in tables["released"]
     assert (tmp / "images" / "books_per_token_loss.png").stat().st_size > 10_000
     assert (tmp / "images" / "books_per_token_loss_path.png").stat().st_size > 10_000
     rows = tables["path"].splitlines()[2:]
@@ -288,6 +291,25 @@ def test_the_path_part_lists_path_and_path_fox_at_the_fox_pick(corpus, tmp_path)
     assert [ln.split(" [")[0] for ln in lines] == [f"path_pro-lr{lr:g}-s0", f"path_fox_pro-lr{lr:g}-s0"]
     assert all("[path]" in ln and f"optim.lr={lr}" in ln for ln in lines)
     assert "experiment=books/path_fox_pro_125m" in lines[1] and not (tmp_path / "work").exists()
+
+
+def test_the_acp_16k_part_lists_a_dense_twin_then_acp_at_16k_context(corpus, tmp_path):
+    out = tmp_path / "results"
+    shutil.copytree(ROOT / "results" / "books", out)
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(corpus),
+                          "--out", str(out), "--work", str(tmp_path / "work"), "--parts", "acp-16k", "--dry-run"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [ln for ln in res.stdout.splitlines() if "[acp-16k]" in ln]
+    assert [ln.split(" ")[0] for ln in lines] == ["fox_pro_released_dense_16k-lr0.001-s0",
+                                                  "fox_pro_released_acp_16k-lr0.001-s0"]
+    context = " data.seq_len=16384 train.batch_size=8 train.micro_batch_size=4"
+    assert lines[0].endswith(context) and lines[1].endswith(context + " model.acp=true")
+    pair = [r for r in rp.suite() if r.part == "acp-16k"]
+    assert {r.back_to_back for r in pair} == {"acp-16k-s0"} and [r.pruning for r in pair] == [False, True]
+    cmds = rp.eval_commands(pair[1], tmp_path / "run", tmp_path)
+    pruning = next(c for c in cmds if "eval.gates.pruning" in c)
+    assert "--length" not in pruning  # the pruned share at the run's own (16k) training length
 
 
 def test_a_gpu_id_given_twice_runs_two_jobs_on_that_gpu_at_once():
