@@ -19,10 +19,11 @@ import numpy as np
 
 from forgetting_transformer.markdown import table
 from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, LONG, ROW_BANDS, RunResult,
-                                       acp_released, acp_speedups, alone, band_cells, bands_of, baseline_pick,
+                                       alone, band_cells, bands_of, baseline_pick,
                                        by_seed, claim2_runs, compared, display_name, fmt, interval_text, llama_pick,
                                        load_results, paired, paired_interval, picks, primary, row_band_diffs,
                                        verdict)
+from eval.reproduction_acp import claim4_table
 from eval.reproduction_probes import copy_frontier_plots, probe_tables
 from eval.reproduction_verdicts import verdicts
 
@@ -183,72 +184,6 @@ def claim3_table(runs: list[RunResult]) -> str:
         return "Not run yet: `--parts ablations,gates`."
     note = f"\n\nNot run yet: {', '.join(missing)}." if missing else ""
     return render_table3(rows) + note
-
-
-def claim4_table(runs: list[RunResult]) -> str:
-    """The released FoX (Pro) with ACP against its dense runs (``acp-released``), then the earlier pair (``acp``)."""
-    dense, twin, acp = acp_released(runs)
-    text = released_acp_table(dense, twin, acp) if acp else "Not run yet: `--parts acp-released`."
-    _, twin16, acp16 = acp_released(runs, "_16k")
-    text += ("\n\nAt 16,384 tokens of context (`--parts acp-16k`):\n\n" + released_acp_table({}, twin16, acp16)
-             if acp16 else "\n\nThe pair at 16,384 tokens of context (`--parts acp-16k`) has not run yet.")
-    legacy = legacy_acp_table(runs)
-    earlier = "\n\nThe earlier pair (`--parts acp`, the Pro definition of its time):\n\n"
-    return text + (earlier + legacy if legacy else "")
-
-
-def _pruned(r: RunResult) -> str:
-    """ACP's mean pruned tile share over held-out rows with its 95% interval, in %."""
-    if not r.acp_rows:
-        return "–"
-    ci = r.acp_rows["ci"]
-    return f"{100 * r.acp_rows['mean']:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
-
-
-def released_acp_table(dense: dict, twin: dict, acp: dict) -> str:
-    """One row per ACP seed: its loss against the ``released`` run of the seed (where ``dense`` has one) and its
-    dense twin, their tokens/s, and the pruned tile share over held-out rows."""
-    speed, rows = acp_speedups(twin, acp), []
-    for seed in sorted(acp):
-        a, d, t = acp[seed], dense.get(seed), twin.get(seed)
-        released = [fmt(d.heldout if d else None)] if dense else []
-        versus = [f"{a.heldout - d.heldout:+.4f}" if d else "–"] if dense else [
-            f"{a.heldout - t.heldout:+.4f}" if t else "–"]
-        rows.append([str(seed), *released, fmt(t.heldout if t else None), fmt(a.heldout), *versus,
-                     f"{t.tokens_per_s:,.0f}" if t and alone(t) else "–",
-                     f"{a.tokens_per_s:,.0f}" if alone(a) else "GPU shared",
-                     f"{speed[seed]:.3f}×" if seed in speed else "–", _pruned(a)])
-    n = next((len(r.acp_rows["rows"]) for r in acp.values() if r.acp_rows), None)
-    return table(["seed", *(["dense held-out loss"] if dense else []), "dense twin", "ACP held-out loss",
-                  "ACP − dense" if dense else "ACP − twin", "twin tokens/s", "ACP tokens/s", "ACP / twin speed",
-                  f"% tiles pruned, {n} rows [95%]" if n else "% tiles pruned"], rows)
-
-
-def legacy_acp_table(runs: list[RunResult]) -> str | None:
-    pick = picks(runs)
-    dense = {r.seed: r for r in primary(runs, "fox_pro", "fox", pick)}
-    acp = {r.seed: r for r in primary(runs, "fox_pro_acp", "fox", pick)}
-    if not acp:
-        return None
-    rows = []
-    for seed in sorted(acp):
-        a, d = acp[seed], dense.get(seed)
-        rel = (a.heldout / d.heldout - 1) if d else None
-        speed = (a.tokens_per_s / d.tokens_per_s) if d and alone(a) and alone(d) else None
-        same = d is not None and a.device == d.device
-        rows.append([str(seed), fmt(d.heldout if d else None), fmt(a.heldout),
-                     f"{100 * rel:+.2f}%" if rel is not None else "–",
-                     f"{d.tokens_per_s:,.0f}" if d and d.tokens_per_s else "–",
-                     f"{a.tokens_per_s:,.0f}" if a.tokens_per_s else "–",
-                     (f"{speed:.3f}×" + ("" if same else " (other GPUs)")) if speed else "–"])
-    text = table(["seed", "dense held-out loss", "ACP held-out loss", "ACP / dense − 1", "dense tokens/s",
-                   "ACP tokens/s", "ACP speed"], rows)
-    traj = next((r.acp_over_training for r in acp.values() if r.acp_over_training), None)
-    if traj:
-        ckpts = traj["checkpoints"]
-        text += "\n\n" + table(["step", *[str(c["step"]) for c in ckpts]],
-                                [["% forward tiles pruned", *[f"{100 * c['tile_fraction']:.1f}" for c in ckpts]]])
-    return text
 
 
 def claim5_table(runs: list[RunResult]) -> str:

@@ -12,8 +12,9 @@ import math
 import numpy as np
 
 from forgetting_transformer.markdown import table
+from eval.reproduction_acp import acp_rows, claim4
 from eval.reproduction_probes import retrieval_summary
-from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, acp_released, acp_speedups, alone,
+from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, alone,
                                        bands_of, baseline_pick,
                                        by_seed, claim2_runs, compared, display_name, llama_pick, paired,
                                        paired_interval, picks, primary,
@@ -286,122 +287,6 @@ def claim3(runs: list[RunResult]) -> str:
                    "definition.")
 
 
-def claim4(runs: list[RunResult]) -> str:
-    dense, twin, acp = acp_released(runs)
-    text = _acp_released(dense, twin, acp) if acp and dense else "Not run yet: `--parts acp-released`."
-    text += _acp_16k(runs)
-    legacy = _acp_legacy(runs)
-    return text + (f"\n\n{legacy}" if legacy else "")
-
-
-def _d4(diffs: list[float]) -> str:
-    return ", ".join(f"{x:+.4f}" for x in diffs)
-
-
-def _acp_loss(dense, twin, acp) -> tuple[str, str]:
-    """(headline, sentences) on ACP's held-out loss against the dense runs and their twins."""
-    diffs = paired(acp, dense)
-    ci, mean = paired_interval(diffs), float(np.mean(diffs)) if diffs else None
-    if mean is None:
-        return "the loss is not compared (no dense run of the same seed)", ""
-    if ci is None:
-        head = "the loss change rests on one seed"
-    elif ci[1] <= 0 <= ci[2]:
-        head = "the loss is unchanged"
-    else:
-        head = f"ACP's loss is {'lower' if ci[0] < 0 else 'higher'} by {abs(ci[0]):.3f} nats/token"
-    rel = [f"{100 * (acp[s].heldout / dense[s].heldout - 1):+.2f}% (seed {s})" for s in sorted(acp) if s in dense]
-    text = (f"The released FoX (Pro) with `model.acp=true` against the `released` part's dense runs of the same "
-            f"seeds: ACP moves the held-out loss by {', '.join(rel)}; the paired difference is {mean:+.4f} "
-            "nats/token, 95% interval " + (f"[{ci[1]:+.4f}, {ci[2]:+.4f}]." if ci else "(one seed)."))
-    again, against = paired(twin, dense), paired(acp, twin)
-    if again:
-        text += (f" The dense twins, the same command trained again just before ACP, differ from those runs by "
-                 f"{_d4(again)}; ACP differs from its twin by {_d4(against)}.")
-    return head, text
-
-
-def _acp_pruning(acp) -> tuple[str, str]:
-    shares = {s: r.acp_rows for s, r in sorted(acp.items()) if r.acp_rows}
-    if not shares:
-        return "the pruning share is not measured", ""
-    means = [x["mean"] for x in shares.values()]
-    first = next(iter(shares.values()))
-    cells = [f"{100 * x['mean']:.1f}%" + (f" [{100 * x['ci'][0]:.1f}, {100 * x['ci'][1]:.1f}]" if x["ci"] else "")
-             + f" (seed {s})" for s, x in shares.items()]
-    than = "more than" if min(means) > 0.7 else "less than" if max(means) < 0.7 else "around"
-    head = "ACP prunes most tiles" if min(means) > 0.5 else "ACP prunes fewer than half the tiles"
-    return head, (f" Over {len(first['rows'])} held-out rows of {first['tokens']:,} tokens, ACP prunes "
-                  f"{', '.join(cells)} of the forward tiles ({first['block'][0]}×{first['block'][1]}; mean and 95% "
-                  f"interval over rows): {than} the around 70% of attention FLOPs the ACP paper reports at every "
-                  "size (125M–760M) and context (4k–16k) it tested.")
-
-
-def _acp_speed(twin, acp) -> tuple[str, str]:
-    speed = acp_speedups(twin, acp)
-    if not speed:
-        return "the speed-up is not measured", ""
-    ci, ratios = paired_interval(list(speed.values())), list(speed.values())
-    mean = ci[0] if ci else ratios[0]
-    where = "inside" if 1.1 <= mean <= 1.35 else "above" if mean > 1.35 else "below"
-    head = ("the speed-up rests on one pair" if ci is None else "the speed-up is reproduced" if ci[1] > 1
-            else "the speed-up is inconclusive")
-    device = acp[next(iter(speed))].device
-    return head, (f" Speed: each ACP run trained right after its dense twin on one {device}, nothing beside either; "
-                  "the median tokens/s of their 10-step log windows (the first excluded) gives ACP "
-                  + ", ".join(f"{r:.3f}× (seed {s})" for s, r in speed.items())
-                  + (f", mean {ci[0]:.3f}× [{ci[1]:.3f}, {ci[2]:.3f}] over {len(ratios)} pairs" if ci else "")
-                  + f": {where} the paper's 10–35%.")
-
-
-def _acp_released(dense, twin, acp) -> str:
-    (loss, t_loss), (prune, t_prune), (fast, t_fast) = _acp_loss(dense, twin, acp), _acp_pruning(acp), \
-        _acp_speed(twin, acp)
-    return f"**Verdict: {loss}; {prune}; {fast}.** {t_loss}{t_prune}{t_fast}"
-
-
-def _acp_16k(runs: list[RunResult]) -> str:
-    """A sentence on the acp-16k pair (one seed: no interval across seeds), empty before it has run."""
-    _, twin, acp = acp_released(runs, "_16k")
-    if not acp:
-        return ""
-    seed = min(acp)
-    a, t, speed, said = acp[seed], twin.get(seed), acp_speedups(twin, acp), []
-    if t:
-        said.append(f"ACP − dense twin {a.heldout - t.heldout:+.4f} nats/token")
-    if seed in speed:
-        said.append(f"ACP at {speed[seed]:.3f}× the twin's tokens/s, back to back on one {a.device}")
-    if a.acp_rows:
-        ci = a.acp_rows["ci"]
-        said.append(f"{100 * a.acp_rows['mean']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
-                    + f" of the forward tiles pruned over {len(a.acp_rows['rows'])} held-out rows")
-    return f" At 16,384 tokens of context (seed {seed}, one pair): {'; '.join(said)}."
-
-
-def _acp_legacy(runs: list[RunResult]) -> str | None:
-    pick = picks(runs)
-    dense = {r.seed: r for r in primary(runs, "fox_pro", "fox", pick)}
-    acp = {r.seed: r for r in primary(runs, "fox_pro_acp", "fox", pick)}
-    if not acp or not dense:
-        return None
-    rel = [f"{100 * (acp[s].heldout / dense[s].heldout - 1):+.2f}% (seed {s})" for s in sorted(acp) if s in dense]
-    diffs = paired(acp, dense)
-    text = (f"The earlier pair (`--parts acp`): ACP moves the held-out loss by {', '.join(rel)}; the paired "
-            f"difference is {_d(np.mean(diffs))} nats/token, 95% interval {_ci(diffs)}.")
-    traj = next((r.acp_over_training["checkpoints"] for r in acp.values() if r.acp_over_training), None)
-    if traj:
-        text += (f" ACP prunes {100 * traj[0]['tile_fraction']:.0f}% of the forward tiles at step {traj[0]['step']} "
-                 f"and {100 * traj[-1]['tile_fraction']:.0f}% at step {traj[-1]['step']}, on one held-out excerpt of "
-                 "4,096 tokens.")
-    same = [s for s in sorted(acp) if s in dense and acp[s].device == dense[s].device and alone(acp[s])
-            and alone(dense[s])]
-    for s in same:
-        ratio = acp[s].tokens_per_s / dense[s].tokens_per_s
-        text += (f" At seed {s} both runs trained on an {acp[s].device}, not back to back: ACP {ratio:.2f}× the "
-                 "dense run's tokens/s, a ratio that also holds the machines' drift.")
-    return text
-
-
 def claim5(runs: list[RunResult]) -> str:
     rs = [r for r in primary(runs, "fox_pro", "fox", picks(runs)) if r.acp is not None]
     if not rs:
@@ -539,33 +424,11 @@ def summary(runs: list[RunResult]) -> str:
     rows.append(["5. Local and global heads", "reproduced"])
     rows.append(["6. Needle in a haystack", "generation: inconclusive (no 125M model answers); "
                  + retrieval_summary(runs)])
-    rows.append(["PaTH paper: PaTH-FoX beats FoX", "inconclusive (one seed)"])
+    fox_lr = picks(runs).get("fox")
+    path_fox = paired(by_seed(runs, "path_fox_pro", fox_lr), by_seed(runs, "fox_pro", fox_lr))
+    rows.append(["PaTH paper: PaTH-FoX beats FoX", f"{_seeds_verdict(path_fox, -1)} ({_seeds(len(path_fox))})"
+                 if path_fox else "not run (`--parts path`)"])
     return table(["claim", "verdict"], rows, "ll")
-
-
-def acp_rows(runs: list[RunResult]) -> list[list[str]]:
-    """Claim 4's two summary lines: the released FoX (Pro) with ACP when run, else the earlier pair."""
-    dense, twin, acp = acp_released(runs)
-    if not acp:
-        pick = picks(runs)
-        acp, dense, twin = ({r.seed: r for r in primary(runs, "fox_pro_acp", "fox", pick)},
-                            {r.seed: r for r in primary(runs, "fox_pro", "fox", pick)}, {})
-    diffs = paired(acp, dense)
-    ci = paired_interval(diffs)
-    mean = float(np.mean(diffs)) if diffs else 0.0
-    loss = (f"no change measured ({_seeds(len(diffs))})" if ci and ci[1] <= 0 <= ci[2] else
-            f"{verdict(ci, None)}: {'lower' if mean < 0 else 'higher'} by {abs(mean):.4f} nats/token "
-            f"({_seeds(len(diffs))})" if diffs else "not run")
-    shares = [r.acp_rows["mean"] for r in acp.values() if r.acp_rows]
-    prune = (f"pruning reproduced ({100 * min(shares):.0f}–{100 * max(shares):.0f}% of tiles over held-out rows, "
-             f"{_seeds(len(shares))})" if shares and min(shares) > 0.5 else "pruning: not measured over many rows")
-    speed = acp_speedups(twin, acp)
-    ci_s = paired_interval(list(speed.values()))
-    fast = ("speed: not measured back to back" if not speed else f"speed {list(speed.values())[0]:.2f}× from one "
-            "back-to-back pair" if ci_s is None else f"speed {verdict((ci_s[0] - 1, ci_s[1] - 1, ci_s[2] - 1), +1)}: "
-            f"{ci_s[0]:.2f}× [{ci_s[1]:.2f}, {ci_s[2]:.2f}] over {len(speed)} back-to-back pairs")
-    return [["4. ACP leaves the loss unchanged", loss], ["4. ACP prunes most tiles and trains faster",
-                                                          f"{prune}; {fast}"]]
 
 
 def verdicts(runs: list[RunResult]) -> dict[str, str]:

@@ -4,9 +4,9 @@ rows; the earlier pair when the released one has not run."""
 
 import numpy as np
 
-from eval.reproduction import claim4_table
+from eval.reproduction_acp import claim4, claim4_table
 from eval.reproduction_results import RunResult
-from eval.reproduction_verdicts import claim4, summary
+from eval.reproduction_verdicts import summary
 
 T_975_DF1 = 12.706205  # Student t, 97.5%, one degree of freedom
 

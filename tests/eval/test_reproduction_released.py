@@ -1,5 +1,6 @@
-"""Table 3's gates and RoPE on the released definition (part ``released-gates``): each paired with its baseline
-at equal seeds, the FoX models at the FoX pick and the Transformer (LLaMA) pair at its own rate."""
+"""The summary's computed lines: Table 3's gates and RoPE on the released definition (part ``released-gates``),
+each paired with its baseline at equal seeds (the FoX models at the FoX pick, the Transformer (LLaMA) pair at its
+own rate), and PaTH-FoX against FoX (Pro)."""
 
 import numpy as np
 
@@ -61,3 +62,14 @@ def test_the_released_table_shows_the_gates_once_they_have_run():
     assert "| Transformer (LLaMA) w/o RoPE − with RoPE, both at the LLaMA pick | +0.6000, +0.6000, +0.5700 |" in text
     before = released_table(suite(False))
     assert "gate (lr" not in before.splitlines()[0] and "w/o RoPE" not in before
+
+
+def test_the_path_line_pairs_path_fox_with_fox_pro_at_equal_seeds():
+    line = next(ln for ln in summary(suite()).splitlines() if "PaTH-FoX beats FoX" in ln)
+    assert line.endswith("| not run (`--parts path`) |")
+    runs = suite() + [run("fox_pro", 1e-3, 1, "main", 4.02), run("path_fox_pro", 1e-3, 0, "path", 3.97),
+                      run("path_fox_pro", 1e-3, 1, "path", 3.985)]
+    line = next(ln for ln in summary(runs).splitlines() if "PaTH-FoX beats FoX" in ln)
+    assert line.endswith("| reproduced (2 seeds) |")  # -0.030, -0.035: lower, as the paper has it
+    line = next(ln for ln in summary(runs[:-1]).splitlines() if "PaTH-FoX beats FoX" in ln)
+    assert line.endswith("| inconclusive (1 seed) |")
