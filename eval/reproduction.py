@@ -21,7 +21,8 @@ from forgetting_transformer.markdown import table
 from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABELS, LONG, ROW_BANDS, RunResult,
                                        alone, band_cells, bands_of, baseline_pick,
                                        by_seed, claim2_runs, compared, display_name, fmt, interval_text, llama_pick,
-                                       load_results, paired, paired_interval, picks, primary, row_band_diffs,
+                                       load_results, paired, paired_interval, path_pairs, path_rates, picks,
+                                       primary, row_band_diffs,
                                        verdict)
 from eval.reproduction_acp import claim4_table
 from eval.reproduction_probes import copy_frontier_plots, probe_tables
@@ -309,16 +310,39 @@ def path_runs(runs: list[RunResult]) -> list[tuple[RunResult, str]]:
     return out
 
 
+def path_released_table(runs: list[RunResult]) -> str:
+    """The released PaTH models per seed beside the released pair, their paired differences, and the rate check."""
+    pick, rates = picks(runs), path_rates(runs)
+    cols = [(label, pick.get(family)) for label, family in (("path_pro_released", "fox"), ("path_fox_pro_released",
+            "fox"), ("fox_pro_released", "fox"), ("transformer_pro_released", "transformer"))]
+    by = {label: by_seed(runs, label, lr) for label, lr in cols}
+    seeds = sorted(set(by["path_pro_released"]) | set(by["path_fox_pro_released"]))
+    rows = [[str(s), *(fmt(by[label][s].heldout) if s in by[label] else "–" for label, _ in cols)] for s in seeds]
+    text = table(["seed", *(f"{LABELS[label]} (lr {lr:g})" for label, lr in cols)], rows)
+    text += "\n\n" + pairs_table([p for p in path_pairs(runs) if p[1]])
+    lrs = sorted({lr for by_lr in rates.values() for lr in by_lr})
+    if len(lrs) > 1:
+        text += "\n\n" + table(["held-out loss at peak lr, seed 0", *(f"{lr:g}" for lr in lrs)], [
+            [LABELS[label], *(("**" + fmt(by_lr[lr]) + "**" if by_lr.get(lr) == min(by_lr.values()) else
+                               fmt(by_lr.get(lr))) for lr in lrs)] for label, by_lr in rates.items() if by_lr])
+    return text
+
+
 def path_table(runs: list[RunResult]) -> str:
     chosen = path_runs(runs)
+    released = any(r.label.startswith("path") and r.label.endswith("_released") for r in runs)
+    if released and not any(r.label.startswith("path") for r, _ in chosen):
+        return path_released_table(runs)
     if not any(r.label.startswith("path") for r, _ in chosen):
         return "Not run yet: `--parts path`."
     rows = []
     for r, position in chosen:
         rows.append([f"{LABELS[r.label]} ({r.name})", position, fmt(r.heldout),
                      fmt(math.exp(r.heldout), 2) if math.isfinite(r.heldout) else "–", *band_cells(r.loss_curve)])
-    return table(["model (run)", "position information", "held-out loss", "perplexity",
-                   *[f"L, i in {a:,}–{b:,}" for a, b in BANDS], "L(8,193–16,384) − L(513–4,096)"], rows, "llrrrrrrr")
+    text = table(["model (run)", "position information", "held-out loss", "perplexity",
+                  *[f"L, i in {a:,}–{b:,}" for a, b in BANDS], "L(8,193–16,384) − L(513–4,096)"], rows, "llrrrrrrr")
+    return text + ("\n\nThe released definition (`--parts path-released,path-lr`):\n\n" + path_released_table(runs)
+                   if released else "")
 
 
 def runs_table(runs: list[RunResult]) -> str:

@@ -203,6 +203,27 @@ def by_seed(runs: list[RunResult], label: str, lr: float | None) -> dict[int, Ru
     return {r.seed: r for r in runs if r.label == label and lr is not None and r.lr == lr}
 
 
+# PaTH on the released definition (parts path-released, path-lr): (PaTH model, its baseline, the PaTH paper's sign
+# of model − baseline, name)
+PATH_PAIRS = (("path_fox_pro_released", "fox_pro_released", -1, "PaTH-FoX (Pro) − FoX (Pro)"),
+              ("path_pro_released", "transformer_pro_released", -1, "PaTH (Pro) − Transformer (Pro)"))
+LABELS.update({"path_pro_released": "PaTH (Pro)", "path_fox_pro_released": "PaTH-FoX (Pro)"})
+
+
+def path_pairs(runs: list[RunResult]) -> list[tuple[str, list[float], int]]:
+    """(name, PaTH model − its baseline at each shared seed, the paper's sign) for PATH_PAIRS, each model at its
+    family's pick (PaTH at FoX (Pro)'s)."""
+    pick = picks(runs)
+    lr = {"fox_pro_released": pick.get("fox"), "transformer_pro_released": pick.get("transformer")}
+    return [(name, paired(by_seed(runs, label, pick.get("fox")), by_seed(runs, base, lr[base])), sign)
+            for label, base, sign, name in PATH_PAIRS]
+
+
+def path_rates(runs: list[RunResult]) -> dict[str, dict[float, float]]:
+    """PaTH model → {lr: held-out loss at seed 0}: the pick (path-released) and the rates either side (path-lr)."""
+    return {label: {r.lr: r.heldout for r in runs if r.label == label and r.seed == 0} for label, *_ in PATH_PAIRS}
+
+
 def acp_released(runs: list[RunResult], context: str = "") -> tuple[dict, dict, dict]:
     """(dense, twin, acp) by seed, at the FoX pick: the released FoX (Pro) of the ``released`` part, its dense twins
     (the same command, trained just before the ACP run on the same GPU) and the ACP runs (``acp-released``).

@@ -17,7 +17,7 @@ from eval.reproduction_probes import retrieval_summary
 from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, alone,
                                        bands_of, baseline_pick,
                                        by_seed, claim2_runs, compared, display_name, llama_pick, paired,
-                                       paired_interval, picks, primary,
+                                       paired_interval, path_pairs, path_rates, picks, primary,
                                        row_band_diffs, verdict)
 
 PAPER_PPL = {"Pro": (6.62, 6.82), "LLaMA": (7.25, 7.49)}  # FoX paper, Table 3: (FoX, Transformer) at 360M
@@ -310,7 +310,35 @@ def claim5(runs: list[RunResult]) -> str:
     return text
 
 
+def path_released(runs: list[RunResult]) -> str | None:
+    """The released PaTH models against the released pair at equal seeds, and their rate check; None before they
+    have run."""
+    pairs = [p for p in path_pairs(runs) if p[1]]
+    if not pairs:
+        return None
+    said = [f"{name} {_d(np.mean(diffs))} {_ci(diffs)}, {_seeds_verdict(diffs, sign)} ({_seeds(len(diffs))})"
+            for name, diffs, sign in pairs]
+    text = f"**Verdict, released definition: {'; '.join(said)}.** The PaTH paper has both PaTH models lower."
+    for label, by_lr in path_rates(runs).items():
+        if len(by_lr) > 1:
+            best, lrs = min(by_lr, key=by_lr.get), sorted(by_lr)
+            where = "inside its grid" if lrs[0] < best < lrs[-1] else "an end of its grid"
+            text += (f" {LABELS[label]}'s best rate at seed 0 over {', '.join(f'{x:g}' for x in lrs)} is {best:g}, "
+                     f"{where}.")
+    return text
+
+
 def path(runs: list[RunResult]) -> str:
+    released = path_released(runs)
+    legacy = path_legacy(runs)
+    if released is None:
+        return legacy
+    if legacy.startswith("Not run yet"):
+        return released
+    return released + "\n\n" + legacy.replace("**Verdict: inconclusive (one seed).**", "The earlier definition:")
+
+
+def path_legacy(runs: list[RunResult]) -> str:
     pick = picks(runs)
     got = {label: {r.seed: r for r in primary(runs, label, family, pick)}
            for label, family in (("path_pro", "fox"), ("path_fox_pro", "fox"), ("fox_pro", "fox"),
@@ -425,7 +453,7 @@ def summary(runs: list[RunResult]) -> str:
     rows.append(["6. Needle in a haystack", "generation: inconclusive (no 125M model answers); "
                  + retrieval_summary(runs)])
     fox_lr = picks(runs).get("fox")
-    path_fox = paired(by_seed(runs, "path_fox_pro", fox_lr), by_seed(runs, "fox_pro", fox_lr))
+    path_fox = path_pairs(runs)[0][1] or paired(by_seed(runs, "path_fox_pro", fox_lr), by_seed(runs, "fox_pro", fox_lr))
     rows.append(["PaTH paper: PaTH-FoX beats FoX", f"{_seeds_verdict(path_fox, -1)} ({_seeds(len(path_fox))})"
                  if path_fox else "not run (`--parts path`)"])
     return table(["claim", "verdict"], rows, "ll")

@@ -14,9 +14,9 @@ byte-level BPE (16,384 tokens, trained on the train split the first time and kep
 that every later part tokenizes identically) in rows of 16,384 tokens.
 
 Parts (each one under 10 minutes on a machine of two H100s, data preparation included: ``lr`` took 7.4 minutes,
-``lr-wide`` 7.0; except ``path``, whose models train at about a third of FoX's speed: 18 minutes with both runs on
-one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes each on an H200; ``lr`` and
-``lr-wide`` first, since the others train at the sweep's picks):
+``lr-wide`` 7.0; except the PaTH parts, whose models train at about a third of FoX's speed: ``path`` took 18
+minutes with both runs on one H200, ``--gpus 0,0``; ``baselines``, whose Mamba-2 runs take 16 minutes each on an
+H200; and ``long``; ``lr`` and ``lr-wide`` first, since the others train at the sweep's picks):
 
     lr         FoX (Pro) and Transformer (Pro), peak lr 1e-3 and 2e-3, seed 0
     lr-wide    the same at 5e-4 and 4e-3: with ``lr``, a 4-point sweep per model
@@ -42,6 +42,8 @@ one H200, ``--gpus 0,0``, and ``baselines``, whose Mamba-2 runs take 16 minutes 
                (whatever --gpus shares), so that their tokens/s compare
     acp-16k    the same at 16,384 tokens of context, seed 0: a dense twin, then ACP, back to back (131,072 tokens per
                step as always: 8 sequences)
+    path-released  PaTH (Pro) and PaTH-FoX (Pro) as released (the presets), seeds 0, 1, 2, at the FoX (Pro) pick
+    path-lr    the same two at 5e-4 and 2e-3, seed 0: with path-released, a 3-point check of their rate
     released-gates  Table 3's data-independent and fixed gates and FoX (Pro) + RoPE on the released FoX (Pro),
                and the Transformer (LLaMA) without RoPE at the LLaMA pair's own rate (1e-3), seeds 0, 1, 2
 
@@ -165,6 +167,9 @@ def suite() -> list[Run]:
     runs += [Run(f"fox_pro_released_{kind}_16k", "fox_pro", "fox", "acp-16k", overrides=[*CONTEXT_16K, *acp],
                  pruning=bool(acp), back_to_back="acp-16k-s0")
              for kind, acp in (("dense", []), ("acp", ["model.acp=true"]))]
+    for seed in PATH_SEEDS:  # PaTH on the released definition, paired with the released pair
+        runs += [Run(f"{model}_released", model, "fox", "path-released", seed=seed) for model in PATH_MODELS]
+    runs += [Run(f"{model}_released", model, "fox", "path-lr", lr=lr) for model in PATH_MODELS for lr in PATH_LRS]
     for seed in RELEASED_ABLATION_SEEDS:  # Table 3's gates and RoPE: the presets now train the released models
         runs += [Run(f"fox_pro_released_{kind}", f"fox_pro_{kind}", "fox", "released-gates", seed=seed)
                  for kind in ("data_independent", "fixed", "rope")]
@@ -183,7 +188,8 @@ def suite() -> list[Run]:
 
 
 PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released", "released-ablations",
-         "llama-seeds", "baselines", "baseline-seeds", "long", "acp-released", "acp-16k", "released-gates")
+         "llama-seeds", "baselines", "baseline-seeds", "long", "acp-released", "acp-16k", "released-gates",
+         "path-released", "path-lr")
 # The Pro models of every part but "released" keep the definition they were trained with: the output norm's
 # weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
 # now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
@@ -203,6 +209,8 @@ BOOKS_TOKENS, BOOKS_WARMUP = 52_428_800, 5_242_880  # the protocol's tokens and 
 LONG, LONG_SHARDS, LONG_SEEDS = 4, tuple(f"train-{i:02d}" for i in range(6)), (0, 1)  # the long part
 # ACP on the released FoX (Pro): its seeds, and those whose ACP run trains right after a dense twin on one GPU
 ACP_RELEASED_SEEDS, ACP_TIMED_SEEDS, PRUNING_ROWS = (0, 1, 2), (0, 1), 64
+# PaTH (Pro) and PaTH-FoX (Pro) on the released definition: their seeds, and the rates either side of the FoX pick
+PATH_MODELS, PATH_SEEDS, PATH_LRS = ("path_pro", "path_fox_pro"), (0, 1, 2), (5e-4, 2e-3)
 # the acp-16k pair: 16,384-token context at the protocol's 131,072 tokens per step (8 sequences, 4 per micro-batch)
 CONTEXT_16K = ("data.seq_len=16384", "train.batch_size=8", "train.micro_batch_size=4")
 

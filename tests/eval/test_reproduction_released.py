@@ -73,3 +73,33 @@ def test_the_path_line_pairs_path_fox_with_fox_pro_at_equal_seeds():
     assert line.endswith("| reproduced (2 seeds) |")  # -0.030, -0.035: lower, as the paper has it
     line = next(ln for ln in summary(runs[:-1]).splitlines() if "PaTH-FoX beats FoX" in ln)
     assert line.endswith("| inconclusive (1 seed) |")
+
+
+def with_path(runs):
+    """PaTH (Pro) and PaTH-FoX (Pro) as released at seeds 0-2 (the FoX pick) and at the rates either side."""
+    for label, losses, rates in (("path_pro_released", (4.30, 4.28, 4.33), {5e-4: 4.35, 2e-3: 4.31}),
+                                 ("path_fox_pro_released", (4.08, 4.10, 4.09), {5e-4: 4.12, 2e-3: 4.07})):
+        runs = runs + [run(label, 1e-3, s, "path-released", loss) for s, loss in enumerate(losses)]
+        runs += [run(label, lr, 0, "path-lr", loss) for lr, loss in rates.items()]
+    return runs
+
+
+def test_the_released_path_runs_pair_with_the_released_pair_and_check_their_rate():
+    from eval.reproduction import path_table
+    from eval.reproduction_verdicts import path
+
+    runs = with_path(suite())
+    text = path_table(runs)
+    assert text.splitlines()[0] == ("| seed | PaTH (Pro) (lr 0.001) | PaTH-FoX (Pro) (lr 0.001) | FoX (Pro) (lr 0.001) "
+                                    "| Transformer (Pro) (lr 0.002) |")
+    assert "| 1 | 4.2800 | 4.1000 | 4.1200 | 4.2500 |" in text
+    assert "| PaTH-FoX (Pro) − FoX (Pro) | -0.0200, -0.0200, -0.0200 | -0.0200 [-0.0200, -0.0200] | lower | " \
+           "reproduced |" in text
+    assert "| PaTH-FoX (Pro) | 4.1200 | 4.0800 | **4.0700** |" in text  # 5e-4, 1e-3, 2e-3 at seed 0
+    said = path(runs)
+    assert said.startswith("**Verdict, released definition: PaTH-FoX (Pro) − FoX (Pro) -0.020 [-0.020, -0.020], "
+                           "reproduced (3 seeds); PaTH (Pro) − Transformer (Pro) +0.053")
+    assert "PaTH-FoX (Pro)'s best rate at seed 0 over 0.0005, 0.001, 0.002 is 0.002, an end of its grid." in said
+    assert "PaTH (Pro)'s best rate at seed 0 over 0.0005, 0.001, 0.002 is 0.001, inside its grid." in said
+    line = next(ln for ln in summary(runs).splitlines() if "PaTH-FoX beats FoX" in ln)
+    assert line.endswith("| reproduced (3 seeds) |")

@@ -56,14 +56,14 @@ def reproduce(corpus, tmp, *args):
 
 
 # Every part at the toy size, a run or a few of each (the sweep whole: the other parts train at its picks); not the
-# fla baselines, whose kernels need a GPU, nor the 16k ACP pair, the acp-released pair at another context (their
-# parts are listed by a dry run below)
-TOY_PARTS = [p for p in rp.PARTS if p not in ("baselines", "baseline-seeds", "acp-16k")]
+# fla baselines, whose kernels need a GPU, nor the 16k ACP pair and PaTH's rate check, runs of the other parts at
+# another context or rate (their parts are listed by a dry run below)
+TOY_PARTS = [p for p in rp.PARTS if p not in ("baselines", "baseline-seeds", "acp-16k", "path-lr")]
 TOY_ONLY = ",".join(["fox_pro-*", "transformer_pro-*-s0", "fox_llama-lr0.0005-s0", "fox_llama-*-s1",
                      "fox_pro_no_kv_shift-*", "fox_pro_fixed-*", "fox_pro_acp-*-s0", "path_pro-*", "path_fox_pro-*",
                      "fox_pro_released-*-s0", "transformer_pro_released-*-s0", "fox_pro_released_no_qk_norm-*-s0",
                      "fox_pro_released_4x-*-s0", "fox_pro_released_dense-*-s0", "fox_pro_released_acp-*-s0",
-                     "fox_pro_released_rope-*-s0"])
+                     "fox_pro_released_rope-*-s0", "path_fox_pro_released-*-s0"])
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_every_run_of_every_part_is_done_with_its_files(suite):
     runs = runs_of(tmp)
     unique = {run.name(lr) for run, lr in rp.planned(rp.suite(), tmp / "results", TOY_PARTS)
               if any(fnmatch.fnmatch(run.name(lr), x) for x in TOY_ONLY.split(","))}
-    assert len(runs) == len(unique) and 22 <= len(unique) <= 23 and len(rp.suite()) == 100
+    assert len(runs) == len(unique) and 23 <= len(unique) <= 24 and len(rp.suite()) == 110
     assert {d["part"] for d in runs.values()} == set(TOY_PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -147,7 +147,7 @@ def test_the_released_part_trains_the_released_definition_and_the_others_keep_th
         model = OmegaConf.load(tmp / "results" / "runs" / name / "config.yaml").model
         if done["model"] not in rp.LEGACY_PRO:
             continue
-        now = done["part"] in (*parts, "long", "acp-released", "released-gates")  # (these train the released models)
+        now = done["part"] in (*parts, "long", "acp-released", "released-gates", "path-released")  # (the presets)
         assert model.output_norm_per_head == now, name
         assert model.qk_norm_eps == (1e-5 if now else None), name
     assert all("model.qk_norm=false" in d["command"] for d in released.values()
@@ -261,9 +261,11 @@ def test_report_and_tables_regenerate_from_the_files_alone(suite):
     assert "| FoX (Pro) + RoPE − FoX (Pro) |" in tables["released"] and "KV-shift − FoX" not in tables["released"]
     assert (tmp / "images" / "books_per_token_loss.png").stat().st_size > 10_000
     assert (tmp / "images" / "books_per_token_loss_path.png").stat().st_size > 10_000
-    rows = tables["path"].splitlines()[2:]
+    earlier, released = tables["path"].split("\n\nThe released definition (`--parts path-released,path-lr`):\n\n")
+    rows = earlier.splitlines()[2:]
     labels = ["Transformer (Pro)", "FoX (Pro)", "PaTH (Pro)", "PaTH-FoX (Pro)"]
     assert len(rows) == 4 and all(row.startswith(f"| {label} (") for row, label in zip(rows, labels)), rows
+    assert "| PaTH-FoX (Pro) − FoX (Pro) |" in released  # the toy suite's released PaTH-FoX, seed 0
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tables.py"), "--table", "books", "--inputs",
                           str(tmp / "results")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "### claim1" in res.stdout and "FoX (Pro)" in res.stdout, res.stderr
@@ -291,6 +293,19 @@ def test_the_path_part_lists_path_and_path_fox_at_the_fox_pick(corpus, tmp_path)
     assert [ln.split(" [")[0] for ln in lines] == [f"path_pro-lr{lr:g}-s0", f"path_fox_pro-lr{lr:g}-s0"]
     assert all("[path]" in ln and f"optim.lr={lr}" in ln for ln in lines)
     assert "experiment=books/path_fox_pro_125m" in lines[1] and not (tmp_path / "work").exists()
+
+
+def test_the_path_lr_part_lists_both_released_path_models_either_side_of_the_fox_pick(corpus, tmp_path):
+    out = tmp_path / "results"
+    shutil.copytree(ROOT / "results" / "books", out)
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "reproduce.py"), "books", "--corpus", str(corpus),
+                          "--out", str(out), "--work", str(tmp_path / "work"), "--parts", "path-lr", "--dry-run"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [ln for ln in res.stdout.splitlines() if "[path-lr]" in ln]
+    assert [ln.split(" ")[0] for ln in lines] == [f"{m}_released-lr{lr}-s0" for m in ("path_pro", "path_fox_pro")
+                                                  for lr in ("0.0005", "0.002")]
+    assert all("model.output_norm_per_head" not in ln for ln in lines)  # the presets: the released definition
 
 
 def test_the_acp_16k_part_lists_a_dense_twin_then_acp_at_16k_context(corpus, tmp_path):
