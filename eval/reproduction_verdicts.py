@@ -287,24 +287,42 @@ def claim3(runs: list[RunResult]) -> str:
                    "definition.")
 
 
+def _heads(r: RunResult) -> dict:
+    """Claim 5's counts on one run's ACP statistics: local heads (more than half their tiles pruned) of all heads,
+    and per layer whether it holds a global head (GLOBAL_PRUNED or less), with those heads' decay times."""
+    out = {"local": 0, "total": 0, "layers": len(r.acp["layers"]), "mixed": 0, "global": []}
+    for layer in r.acp["layers"]:
+        frac = np.asarray(layer["tile_fraction"])
+        tau = -1.0 / np.minimum(np.asarray(layer["mean_log_fgate"]), -1e-12)
+        out["total"], out["local"] = out["total"] + len(frac), out["local"] + int((frac > 0.5).sum())
+        glob = frac <= GLOBAL_PRUNED
+        if glob.any():
+            out["global"].append(f"{layer['layer']} ({', '.join(f'{x:,.0f}' for x in sorted(tau[glob]))})")
+            out["mixed"] += int((frac > 0.5).any())
+    return out
+
+
+def claim5_verdict(h: dict) -> str:
+    """The paper's three statements: most heads local, some global, every layer holding both."""
+    if h["local"] * 2 <= h["total"] or not h["global"]:
+        return "contradicts the paper"
+    if h["mixed"] < h["layers"]:
+        return f"partly reproduced: most heads local, some global, but {h['mixed']} of {h['layers']} layers hold both"
+    return "reproduced"
+
+
 def claim5(runs: list[RunResult]) -> str:
     rs = [r for r in primary(runs, "fox_pro", "fox", picks(runs)) if r.acp is not None]
     if not rs:
         return "Not run yet."
-    r, glob, local, total = rs[0], [], 0, 0
-    for layer in r.acp["layers"]:
-        frac = np.asarray(layer["tile_fraction"])
-        tau = -1.0 / np.minimum(np.asarray(layer["mean_log_fgate"]), -1e-12)
-        total, local = total + len(frac), local + int((frac > 0.5).sum())
-        if (frac <= GLOBAL_PRUNED).any():
-            glob.append(f"{layer['layer']} ({', '.join(f'{x:,.0f}' for x in sorted(tau[frac <= GLOBAL_PRUNED]))})")
+    r = rs[0]
+    h = _heads(r)
     others = [100 * x.acp["tile_fraction"] for x in runs if x.acp and x.label == "fox_pro" and x is not r]
-    text = (f"**Verdict: reproduced, with more local heads than the paper.** In {r.name}, {local} of {total} heads "
-            f"have more than half their tiles pruned (local heads). Layers with a global head "
-            f"({100 * GLOBAL_PRUNED:.0f}% of its tiles pruned or fewer), with those heads' decay times −1/mean log f "
-            f"in tokens: "
-            f"{', '.join(glob)}. Overall ACP prunes {100 * r.acp['tile_fraction']:.1f}% of the forward tiles at "
-            f"{r.acp['tokens']:,} tokens; the paper reports around 70% of attention FLOPs at every size it tested.")
+    text = (f"**Verdict ({r.name}, one run): {claim5_verdict(h)}.** {h['local']} of {h['total']} heads have more "
+            f"than half their tiles pruned (local heads). Layers with a global head ({100 * GLOBAL_PRUNED:.0f}% of "
+            f"its tiles pruned or fewer), with those heads' decay times −1/mean log f in tokens: "
+            f"{', '.join(h['global'])}. Overall ACP prunes {100 * r.acp['tile_fraction']:.1f}% of the forward tiles "
+            f"at {r.acp['tokens']:,} tokens; the paper reports around 70% of attention FLOPs at every size it tested.")
     if others:
         text += f" The other FoX (Pro) runs of the earlier definition prune {min(others):.0f}–{max(others):.0f}%."
     return text
@@ -449,7 +467,8 @@ def summary(runs: list[RunResult]) -> str:
                      f"{_seeds_verdict(diffs, +1)} ({len(diffs)} seed{'s' * (len(diffs) != 1)}, released definition)"])
     rows += [[f"3. {claim}", _gate_verdict(diffs, sign)] for claim, diffs, sign in gate_diffs(runs)]
     rows += acp_rows(runs)
-    rows.append(["5. Local and global heads", "reproduced"])
+    heads = [r for r in primary(runs, "fox_pro", "fox", picks(runs)) if r.acp is not None]
+    rows.append(["5. Local and global heads", f"{claim5_verdict(_heads(heads[0]))} (one run)" if heads else "not run"])
     rows.append(["6. Needle in a haystack", "generation: inconclusive (no 125M model answers); "
                  + retrieval_summary(runs)])
     fox_lr = picks(runs).get("fox")

@@ -103,3 +103,28 @@ def test_the_released_path_runs_pair_with_the_released_pair_and_check_their_rate
     assert "PaTH (Pro)'s best rate at seed 0 over 0.0005, 0.001, 0.002 is 0.001, inside its grid." in said
     line = next(ln for ln in summary(runs).splitlines() if "PaTH-FoX beats FoX" in ln)
     assert line.endswith("| reproduced (3 seeds) |")
+
+
+def test_the_heads_line_checks_all_three_statements_of_claim_5():
+    from eval.reproduction_verdicts import claim5
+
+    def acp_run(layers):  # layers: per layer, each head's pruned tile share
+        r = run("fox_pro", 1e-3, 0, "lr", 4.0)
+        r.acp = {"tokens": 4096, "tile_fraction": float(np.mean([x for fr in layers for x in fr])),
+                 "layers": [{"layer": i, "tile_fraction": fr, "mean_log_fgate": [-0.5] * len(fr)}
+                            for i, fr in enumerate(layers)]}
+        return [r, *suite()[1:]]
+
+    def line(runs):
+        return next(ln for ln in summary(runs).splitlines() if "Local and global heads" in ln)
+
+    assert line(acp_run([[0.9, 0.8, 0.05], [0.8, 0.9, 0.0]])).endswith("| reproduced (one run) |")
+    half = acp_run([[0.9, 0.8, 0.05], [0.8, 0.9, 0.7]])
+    assert line(half).endswith("| partly reproduced: most heads local, some global, but 1 of 2 layers hold both "
+                               "(one run) |")
+    assert claim5(half).startswith("**Verdict (fox_pro-lr0.001-s0, one run): partly reproduced: most heads local, "
+                                   "some global, but 1 of 2 layers hold both.** 5 of 6 heads")
+    no_global, most_global = acp_run([[0.9, 0.8, 0.7], [0.8, 0.9, 0.6]]), acp_run([[0.05, 0.0, 0.9], [0.0, 0.05, 0.9]])
+    assert line(no_global).endswith("| contradicts the paper (one run) |")
+    assert line(most_global).endswith("| contradicts the paper (one run) |")
+    assert line(suite()).endswith("| not run |")
