@@ -36,12 +36,12 @@ def claim4_table(runs: list[RunResult]) -> str:
     return text + (earlier + legacy if legacy else "")
 
 
-def _pruned(r: RunResult) -> str:
-    """ACP's mean pruned tile share over held-out rows with its 95% interval, in %."""
-    if not r.acp_rows:
+def _share(rows: dict | None, unit: str = "") -> str:
+    """ACP's mean pruned tile share over held-out rows (eval.gates.pruning's JSON) with its 95% interval, in %."""
+    if not rows:
         return "–"
-    ci = r.acp_rows["ci"]
-    return f"{100 * r.acp_rows['mean']:.1f}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+    ci = rows["ci"]
+    return f"{100 * rows['mean']:.1f}{unit}" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
 
 
 def released_acp_table(dense: dict, twin: dict, acp: dict) -> str:
@@ -56,7 +56,7 @@ def released_acp_table(dense: dict, twin: dict, acp: dict) -> str:
         rows.append([str(seed), *released, fmt(t.heldout if t else None), fmt(a.heldout), *versus,
                      f"{t.tokens_per_s:,.0f}" if t and alone(t) else "–",
                      f"{a.tokens_per_s:,.0f}" if alone(a) else "GPU shared",
-                     f"{speed[seed]:.3f}×" if seed in speed else "–", _pruned(a)])
+                     f"{speed[seed]:.3f}×" if seed in speed else "–", _share(a.acp_rows)])
     n = next((len(r.acp_rows["rows"]) for r in acp.values() if r.acp_rows), None)
     return table(["seed", *(["dense held-out loss"] if dense else []), "dense twin", "ACP held-out loss",
                   "ACP − dense" if dense else "ACP − twin", "twin tokens/s", "ACP tokens/s", "ACP / twin speed",
@@ -93,7 +93,6 @@ def legacy_acp_table(runs: list[RunResult]) -> str | None:
         text += "\n\n" + table(["step", *[str(c["step"]) for c in ckpts]],
                                 [["% forward tiles pruned", *[f"{100 * c['tile_fraction']:.1f}" for c in ckpts]]])
     return text
-
 
 
 # ----------------------------------------------------------------------------------------------------- verdicts
@@ -140,8 +139,7 @@ def _acp_pruning(acp) -> tuple[str, str]:
         return "the pruning share is not measured", ""
     means = [x["mean"] for x in shares.values()]
     first = next(iter(shares.values()))
-    cells = [f"{100 * x['mean']:.1f}%" + (f" [{100 * x['ci'][0]:.1f}, {100 * x['ci'][1]:.1f}]" if x["ci"] else "")
-             + f" (seed {s})" for s, x in shares.items()]
+    cells = [f"{_share(x, '%')} (seed {s})" for s, x in shares.items()]
     than = "more than" if min(means) > 0.7 else "less than" if max(means) < 0.7 else "around"
     head = "ACP prunes most tiles" if min(means) > 0.5 else "ACP prunes fewer than half the tiles"
     return head, (f" Over {len(first['rows'])} held-out rows of {first['tokens']:,} tokens, ACP prunes "
@@ -185,8 +183,7 @@ def _acp_16k(runs: list[RunResult]) -> str:
     if seed in speed:
         said.append(f"ACP at {speed[seed]:.3f}× the twin's tokens/s, back to back on one {a.device}")
     if a.acp_rows:
-        ci = a.acp_rows["ci"]
-        said.append(f"{100 * a.acp_rows['mean']:.1f}%" + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci else "")
+        said.append(_share(a.acp_rows, "%")
                     + f" of the forward tiles pruned over {len(a.acp_rows['rows'])} held-out rows")
     return f" At 16,384 tokens of context (seed {seed}, one pair): {'; '.join(said)}."
 
