@@ -50,6 +50,17 @@ class RunResult:
     frontier: dict | None = None  # eval.eviction.frontier's JSON
 
 
+SHARED_GIB = 4.0  # GPU memory outside a run's allocator above which another job shared its GPU (its context: ~1)
+
+
+def _gpu_jobs(done: dict, rows: list[dict]) -> int:
+    """The jobs the run's GPU ran at once: as its command placed them, or at least 2 when its metrics saw another
+    process's memory on the GPU (a job of another command; the first window, compile included, left out)."""
+    elsewhere = [r["gpu_elsewhere_gib"] for r in rows if r.get("gpu_elsewhere_gib") is not None][1:]
+    placed = int(done.get("gpu_jobs", 1))
+    return max(placed, 2) if elsewhere and max(elsewhere) > SHARED_GIB else placed
+
+
 def alone(r: "RunResult") -> bool:
     """Whether the run had its GPU to itself, so that its tokens/s compares with another's."""
     return r.gpu_jobs == 1 and r.tokens_per_s is not None
@@ -66,7 +77,7 @@ def _read_run(d: Path) -> RunResult | None:
     heldout = float("inf") if (d / "failed.json").is_file() or not losses else float(losses[-1])
     res = RunResult(d.name, done["label"], done["seed"], done["lr"], done["part"], done["device"],
                     f"torch {done['torch']}, triton {done['triton']}", heldout,
-                    float(np.median(speeds)) if speeds else None, path=d, gpu_jobs=int(done.get("gpu_jobs", 1)))
+                    float(np.median(speeds)) if speeds else None, path=d, gpu_jobs=_gpu_jobs(done, rows))
     if (d / "per_token_loss.json").is_file():
         ptl = json.loads((d / "per_token_loss.json").read_text())
         res.loss_curve, res.rows = np.asarray(ptl["loss"]), ptl["rows"]

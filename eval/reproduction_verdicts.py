@@ -98,6 +98,11 @@ def _seeds(n: int) -> str:
     return f"{n} seed{'s' * (n != 1)}"
 
 
+def _mid_sentence(claim: str) -> str:
+    """A claim continued inside a sentence: its first word lower-cased unless it is an acronym ("RoPE")."""
+    return claim if any(c.isupper() for c in claim.split()[0][1:]) else claim[0].lower() + claim[1:]
+
+
 def _full(r: RunResult) -> bool:
     """The run's L(i) reaches the last band (16,384 tokens)."""
     return r.loss_curve is not None and len(r.loss_curve) >= BANDS[-1][1]
@@ -383,33 +388,59 @@ def released(runs: list[RunResult]) -> str:
     pro, v_pro = _pair(runs, "transformer_pro_released", "fox_pro_released")
     if not pro:
         return "Not run yet: `--parts released`."
-    gates = [f"{claim[0].lower()}{claim[1:]}: {_d(np.mean(diffs))}, {_ci(diffs)}, {_gate_verdict(diffs, sign)}"
+    gates = [f"{_mid_sentence(claim)}: {_d(np.mean(diffs))}, {_ci(diffs)}, {_gate_verdict(diffs, sign)}"
              for claim, diffs, sign in gate_diffs(runs) if diffs]
-    return (f"**Verdict.** Transformer (Pro) − FoX (Pro): {_d(np.mean(pro))}, {_ci(pro)}, {v_pro}. Against FoX (Pro) "
-            f"of the same seeds: {'; '.join(rows)}. The paper has every removal raising the loss."
+    return (f"**Verdict.** Transformer (Pro) − FoX (Pro): {_d(np.mean(pro))}, {_ci(pro)}, {v_pro}."
+            + (f" Against FoX (Pro) of the same seeds: {'; '.join(rows)}. The paper has every removal raising the "
+               "loss." if rows else "")
             + (f" Table 3's gates and RoPE (each minus its baseline): {'; '.join(gates)}." if gates else ""))
+
+
+def long_gaps(runs) -> tuple[list[float], list[float], list[float]] | None:
+    """The long part's paired differences, or None before it ran: Transformer (Pro) − FoX (Pro) at 4x the tokens,
+    the same at 1x at the same seeds, and FoX (Pro) without KV-shift − with it at 4x."""
+    lr = dict(compared(runs))
+    fox, tr = (by_seed(runs, f"{x}_4x", lr.get(x)) for x in ("fox_pro_released", "transformer_pro_released"))
+    if not fox or not tr:
+        return None
+    seeds = sorted(set(tr) & set(fox))
+    short = [by_seed(runs, x, lr.get(x)) for x in ("transformer_pro_released", "fox_pro_released")]
+    gap1 = paired(*({s: r for s, r in d.items() if s in seeds} for d in short))
+    nokv = paired(by_seed(runs, "fox_pro_released_no_kv_shift_4x", lr.get("fox_pro_released")), fox)
+    return paired(tr, fox), gap1, nokv
+
+
+def _paper_gap() -> float:
+    return math.log(PAPER_PPL["Pro"][1] / PAPER_PPL["Pro"][0])
 
 
 def long(runs: list[RunResult]) -> str:
     """The long part: does the Pro pair's gap shrink toward the paper's with 4x the tokens, and does removing
     KV-shift still lower the loss?"""
-    lr = dict(compared(runs))
-    fox, tr = (by_seed(runs, f"{x}_4x", lr.get(x)) for x in ("fox_pro_released", "transformer_pro_released"))
-    if not fox or not tr:
+    gaps = long_gaps(runs)
+    if gaps is None:
         return "Not run yet: `--parts long`."
-    gap4 = paired(tr, fox)
-    seeds = sorted(set(tr) & set(fox))
-    short = [by_seed(runs, x, lr.get(x)) for x in ("transformer_pro_released", "fox_pro_released")]
-    gap1 = paired(*({s: r for s, r in d.items() if s in seeds} for d in short))
-    paper = math.log(PAPER_PPL["Pro"][1] / PAPER_PPL["Pro"][0])
+    gap4, gap1, nokv = gaps
     text = (f"**Verdict ({_seeds(len(gap4))}): at 4× the tokens Transformer (Pro) − FoX (Pro) is {_d(np.mean(gap4))} "
             f"{_ci(gap4)}, {_seeds_verdict(gap4, +1)}.** At the protocol's tokens the same seeds give "
-            f"{_d(np.mean(gap1)) if gap1 else '–'}; the paper's gap (360M, Table 3) is {_d(paper)}.")
-    nokv = paired(by_seed(runs, "fox_pro_released_no_kv_shift_4x", lr.get("fox_pro_released")), fox)
+            f"{_d(np.mean(gap1)) if gap1 else '–'}; the paper's gap (360M, Table 3) is {_d(_paper_gap())}.")
+    if len(gap1) == len(gap4):
+        moved = [a - b for a, b in zip(gap4, gap1)]
+        text += f" From 1× to 4× the gap moves by {_d(np.mean(moved))} {_ci(moved)}."
     if nokv:
         text += (f" Removing KV-shift at 4× the tokens: {_d(np.mean(nokv))} {_ci(nokv)}, "
                  f"{_seeds_verdict(nokv, +1)} ({_seeds(len(nokv))}).")
     return text
+
+
+def long_row(runs) -> list[str]:
+    """The summary's line for claim 1 at 4x the tokens."""
+    claim, gaps = "1. FoX (Pro) beats the Transformer (Pro) at 4× the tokens", long_gaps(runs)
+    if gaps is None:
+        return [claim, "not run (`--parts long`)"]
+    gap4, gap1, _ = gaps
+    return [claim, f"{_seeds_verdict(gap4, +1)} ({_seeds(len(gap4))}): Transformer − FoX {_d(np.mean(gap4))} "
+                   f"against {_d(np.mean(gap1)) if gap1 else '–'} at 1×; the paper's {_d(_paper_gap())} at 360M"]
 
 
 def llama_sweep(runs: list[RunResult]) -> str:
@@ -455,6 +486,7 @@ def summary(runs: list[RunResult]) -> str:
     order, v_order = _pair(runs, "fox_llama", "fox_pro_released")
     rows.append(["1. FoX beats the Transformer", f"Pro: {v_pro} ({len(pro)} seeds); LLaMA: {v_llama} "
                  f"({len(llama)} seeds)"])
+    rows.append(long_row(runs))
     rows.append(["1. FoX (Pro) beats FoX (LLaMA)", f"{v_order} ({len(order)} seeds)"])
     rows.append(["1. FoX beats Mamba-2, HGRN2 and DeltaNet", "; ".join(
         f"{LABELS[b]}: {_seeds_verdict(d, +1)} ({_seeds(len(d))}{', below FoX (Pro)' * bool(np.mean(d) < 0)})"

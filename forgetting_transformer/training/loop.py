@@ -27,7 +27,8 @@ from .checkpoint import (TrainState, clear_leftovers, latest_checkpoint, load_la
                          save_checkpoint)
 from .distributed import mean_across_ranks
 from .evaluate import ROW_BAND, autocast_context, heldout_loss, per_token_loss, spread_rows
-from .metrics import attention_context, flops_per_token, matmul_params, peak_flops, peak_memory_gib
+from .metrics import attention_context, flops_per_token, gpu_memory_elsewhere_gib, matmul_params, peak_flops, \
+    peak_memory_gib
 from .optim import build_optimizer
 from .parallel import autocast_needed, parallelize, set_grad_sync
 from .preemption import Preempted, PreemptionFlag
@@ -202,7 +203,7 @@ def log_row(cfg, ctx: RunContext, setup: Setup, lr: float, loss_mean: torch.Tens
                      "tokens": state.tokens, "tokens_per_s": tok_s, "tokens_per_s_per_device": tok_s / world,
                      "tflops": tok_s * setup.flops_tok / world / 1e12,
                      "mfu": tok_s * setup.flops_tok / world / peak if peak else None,
-                     "memory_gib": peak_memory_gib(device)})
+                     "memory_gib": peak_memory_gib(device), "gpu_elsewhere_gib": gpu_memory_elsewhere_gib(device)})
 
 
 def evaluate(cfg, ctx: RunContext, setup: Setup) -> None:

@@ -69,6 +69,16 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
 
 
+def gpu_memory_elsewhere_gib(device: torch.device) -> float | None:
+    """GPU memory in use outside this process's allocator, in GiB: the device's used memory less what this process
+    reserved. It holds this process's CUDA context (about a GiB) and whatever other processes hold: a run sharing
+    its GPU with another training job shows tens of GiB. None on the CPU."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free - torch.cuda.memory_reserved(device)) / 2**30
+
+
 class MetricsLogger:
     """Writes each record as one stdout line, one metrics.jsonl row and (if set) one wandb log. Only the process
     with ``enabled=True`` (rank 0) writes anything; the others call the same methods and do nothing."""

@@ -64,3 +64,27 @@ def test_visible_gpus_rejects_a_bad_cpu_count():
     assert visible_gpus("cpu:2") == [None, None] and visible_gpus("0,1") == ["0", "1"]
     with pytest.raises(SystemExit, match="--gpus cpu:x: expected cpu:N with N >= 1"):
         visible_gpus("cpu:x")
+
+
+def test_a_run_whose_gpu_held_another_jobs_memory_counts_as_shared(tmp_path):
+    """A job of another command on the same GPU shows in the run's metrics as memory outside its allocator; such a
+    run's tokens/s is left out like that of a run its own command doubled up."""
+    import json
+
+    from eval.reproduction_results import alone, load_results
+
+    def write(name, elsewhere, gpu_jobs=1):
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        (d / "done.json").write_text(json.dumps({"label": "fox_pro", "seed": 0, "lr": 1e-3, "part": "main",
+                                                 "device": "GPU", "torch": "t", "triton": "t", "gpu_jobs": gpu_jobs}))
+        rows = [{"step": s, "tokens_per_s": 1e5, "gpu_elsewhere_gib": g} for s, g in enumerate(elsewhere)]
+        rows.append({"step": len(rows), "heldout_loss": 4.0})
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write("alone", [30.0, 0.9, 1.1, 0.9])  # the first window (compile, another run finishing) is left out
+    write("shared", [0.9, 0.9, 33.0, 0.9])
+    write("placed", [0.9, 0.9, 0.9], gpu_jobs=3)
+    write("cpu", [None, None])
+    got = {r.name: (r.gpu_jobs, alone(r)) for r in load_results(tmp_path)}
+    assert got == {"alone": (1, True), "shared": (2, False), "placed": (3, False), "cpu": (1, True)}

@@ -54,6 +54,9 @@ def test_the_summary_and_the_released_verdict_state_each_gate():
     before = {ln.split(" | ")[0][2:]: ln.split(" | ")[1][:-2] for ln in summary(suite(False)).splitlines()[2:]}
     assert before["3. RoPE adds nothing to FoX (Pro)"] == "not run (`--parts released-gates`)"
     assert "Table 3's gates" not in released(suite(False))
+    said = released(suite())
+    assert "; RoPE adds nothing to FoX (Pro): -0.010, [" in said  # an acronym keeps its case mid-sentence
+    assert "; the Transformer (LLaMA) needs RoPE: +0.590, [" in said
 
 
 def test_the_released_table_shows_the_gates_once_they_have_run():

@@ -426,7 +426,7 @@ def test_baselines_pair_with_fox_at_equal_seeds_and_each_grid_has_its_own_ends()
 def test_the_long_part_pairs_its_runs_at_equal_seeds_beside_the_same_seeds_at_1x():
     from eval.reproduction import long_table
     from eval.reproduction_results import RunResult
-    from eval.reproduction_verdicts import long
+    from eval.reproduction_verdicts import long, summary
 
     def r(label, lr, seed, part, loss):
         return RunResult(f"{label}-lr{lr:g}-s{seed}", label, seed, lr, part, "GPU", "v", loss, None)
@@ -449,7 +449,17 @@ def test_the_long_part_pairs_its_runs_at_equal_seeds_beside_the_same_seeds_at_1x
     assert said.startswith(f"**Verdict (2 seeds): at 4× the tokens Transformer (Pro) − FoX (Pro) is +0.110 "
                            f"[{0.11 - half:+.3f}, {0.11 + half:+.3f}], inconclusive.** At the protocol's tokens the "
                            "same seeds give +0.145; the paper's gap (360M, Table 3) is +0.030.")
+    moved = [0.10 - 0.15, 0.12 - 0.14]  # 4x gap − 1x gap at each seed
+    half = 12.706205 * np.std(moved, ddof=1) / 2 ** 0.5
+    assert (f"From 1× to 4× the gap moves by -0.035 [{np.mean(moved) - half:+.3f}, {np.mean(moved) + half:+.3f}]."
+            in said)
     assert said.endswith("Removing KV-shift at 4× the tokens: +0.050 (one seed), inconclusive (1 seed).")
+    row = next(ln for ln in summary(runs).splitlines() if "at 4× the tokens" in ln)
+    assert row == ("| 1. FoX (Pro) beats the Transformer (Pro) at 4× the tokens | inconclusive (2 seeds): Transformer − "
+                   "FoX +0.110 against +0.145 at 1×; the paper's +0.030 at 360M |")
+    before = [r for r in runs if "_4x" not in r.label]
+    row = next(ln for ln in summary(before).splitlines() if "at 4× the tokens" in ln)
+    assert row.endswith("| not run (`--parts long`) |")
 
 
 def test_a_corpus_without_its_files_is_an_error(tmp_path):

@@ -48,8 +48,9 @@ def test_kill_and_resume_reproduces_the_uninterrupted_losses(data_dir, tmp_path)
     train_rows = [r for r in reference if "loss" in r]
     assert [r["step"] for r in train_rows] == list(range(1, 13))
     assert train_rows[-1]["loss"] < train_rows[0]["loss"] - 0.5  # it learns
-    for key in ("loss", "grad_norm", "lr", "tokens_per_s", "tflops", "mfu", "memory_gib"):
+    for key in ("loss", "grad_norm", "lr", "tokens_per_s", "tflops", "mfu", "memory_gib", "gpu_elsewhere_gib"):
         assert key in train_rows[0]
+    assert train_rows[0]["gpu_elsewhere_gib"] is None  # a CPU run has no GPU to share
     assert reference[-1]["heldout_loss"] < np.log(VOCAB)
     assert (full / "per_token_loss.png").stat().st_size > 10_000
     assert len(json.loads((full / "per_token_loss.json").read_text())["loss"]) == DOC_LEN
