@@ -455,8 +455,8 @@ def test_the_long_part_pairs_its_runs_at_equal_seeds_beside_the_same_seeds_at_1x
             in said)
     assert said.endswith("Removing KV-shift at 4× the tokens: +0.050 (one seed), inconclusive (1 seed).")
     row = next(ln for ln in summary(runs).splitlines() if "at 4× the tokens" in ln)
-    assert row == ("| 1. FoX (Pro) beats the Transformer (Pro) at 4× the tokens | inconclusive (2 seeds): Transformer − "
-                   "FoX +0.110 against +0.145 at 1×; the paper's +0.030 at 360M |")
+    assert row == ("| 1. FoX (Pro) beats the Transformer (Pro) at 4× the tokens | inconclusive (2 seeds): "
+                   "Transformer − FoX +0.110 against +0.145 at 1×; the paper's +0.030 at 360M |")
     before = [r for r in runs if "_4x" not in r.label]
     row = next(ln for ln in summary(before).splitlines() if "at 4× the tokens" in ln)
     assert row.endswith("| not run (`--parts long`) |")
