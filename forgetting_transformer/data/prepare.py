@@ -23,6 +23,7 @@ the rows and arrays (``writer.py``), each reporting progress through ``progress.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -82,17 +83,24 @@ def _fingerprint(inputs) -> list:
     return out
 
 
+def _tokenizer_record(tokenizer: str) -> str:
+    """A loaded tokenizer by its file's content, so the same tokenizer.json at another path builds the same data
+    (a missing file keeps its path: the build reports it)."""
+    if tokenizer in ("train-bpe", "gpt2"):
+        return tokenizer
+    p = Path(tokenizer).resolve()
+    f = p / "tokenizer.json" if p.is_dir() else p
+    return f"sha256:{hashlib.sha256(f.read_bytes()).hexdigest()}" if f.is_file() else str(p)
+
+
 def _settings(inputs, *, tokenizer, vocab_size, doc_len, min_doc_tokens, heldout_docs, text_key,
               strip_gutenberg, max_docs, hf_dataset, hf_split, seed, heldout_inputs=None,
               text_escape="none") -> dict[str, Any]:
-    tok = tokenizer
-    if tok not in ("train-bpe", "gpt2"):
-        tok = str(Path(tok).resolve())
     settings = {
         "format_version": FORMAT_VERSION,
         "inputs": [_input_record(p) for p in (inputs or [])],
         "input_files": _fingerprint(inputs),
-        "tokenizer": tok,
+        "tokenizer": _tokenizer_record(tokenizer),
         "vocab_size": int(vocab_size),
         "doc_len": int(doc_len),
         "min_doc_tokens": int(doc_len if min_doc_tokens is None else min_doc_tokens),

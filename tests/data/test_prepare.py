@@ -5,6 +5,7 @@ import sys
 import json
 import lzma
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -407,3 +408,21 @@ def test_heldout_inputs_without_documents_is_an_error(corpus, tmp_path):
     empty.write_text("\n")
     with pytest.raises(ValueError, match="heldout_inputs hold no documents"):
         prepare_corpus([corpus["root"] / "b.jsonl"], tmp_path / "o", heldout_inputs=[empty], **KW)
+
+
+def test_the_same_tokenizer_at_another_path_needs_no_rebuild(corpus, built, tmp_path):
+    """A build records a loaded tokenizer by its file's bytes: a copy elsewhere is up to date, an edited one
+    rebuilds."""
+    out0, _ = built
+    first, second = tmp_path / "a" / "tokenizer.json", tmp_path / "b" / "tokenizer.json"
+    for f in (first, second):
+        f.parent.mkdir()
+        shutil.copyfile(out0 / "tokenizer.json", f)
+    out = tmp_path / "data"
+    ensure_prepared(out, inputs=corpus["inputs"], **{**KW, "tokenizer": str(first)})
+    (out / "sentinel").write_text("x")
+    ensure_prepared(out, inputs=corpus["inputs"], **{**KW, "tokenizer": str(second.parent)})  # a dir holding it
+    assert (out / "sentinel").exists()
+    second.write_text(json.dumps(json.loads(second.read_text()), indent=1))  # an edited file: not known the same
+    ensure_prepared(out, inputs=corpus["inputs"], **{**KW, "tokenizer": str(second)})
+    assert not (out / "sentinel").exists()
