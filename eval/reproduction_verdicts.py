@@ -316,21 +316,63 @@ def claim5_verdict(h: dict) -> str:
     return "reproduced"
 
 
+def claim5_overall(hs: list[dict]) -> str:
+    """``claim5_verdict`` over seeds: their common verdict (for "partly", the range of layers holding both), or how
+    the seeds split."""
+    words = [claim5_verdict(h).split(":")[0] for h in hs]
+    if len(set(words)) > 1:
+        return "differs between seeds: " + ", ".join(f"{w} at {words.count(w)}" for w in dict.fromkeys(words))
+    if words[0] != "partly reproduced":
+        return words[0]
+    mixed = sorted(h["mixed"] for h in hs)
+    span = f"{mixed[0]}–{mixed[-1]}" if mixed[0] != mixed[-1] else f"{mixed[0]}"
+    return f"partly reproduced: most heads local, some global, but {span} of {hs[0]['layers']} layers hold both"
+
+
+def claim5_runs(runs) -> tuple[list[RunResult], list[RunResult]]:
+    """The runs claim 5 reads: the released FoX (Pro) seeds at the FoX pick, and the earlier definition's run."""
+    fox = picks(runs).get("fox")
+    released = [r for _, r in sorted(by_seed(runs, "fox_pro_released", fox).items()) if r.acp is not None]
+    return released, [r for r in primary(runs, "fox_pro", "fox", picks(runs)) if r.acp is not None]
+
+
+def claim5_row(runs) -> list[str]:
+    released, earlier = claim5_runs(runs)
+    if released:
+        said = f"{claim5_overall([_heads(r) for r in released])} ({_seeds(len(released))}, released definition)"
+    else:
+        said = f"{claim5_verdict(_heads(earlier[0]))} (one run)" if earlier else "not run"
+    return ["5. Local and global heads", said]
+
+
+def _released_heads(released: list[RunResult]) -> str:
+    hs = [_heads(r) for r in released]
+    rows = [[str(r.seed), f"{h['local']} of {h['total']}", f"{h['mixed']} of {h['layers']}",
+             "; ".join(h["global"]) or "–", f"{100 * r.acp['tile_fraction']:.1f}"] for r, h in zip(released, hs)]
+    return (f"**Verdict (released definition, {_seeds(len(released))}): {claim5_overall(hs)}.** FoX (Pro) as released "
+            f"at the FoX pick, ACP's statistics over {released[0].acp['tokens']:,} tokens of a held-out book. A local "
+            f"head has more than half its tiles pruned, a global head {100 * GLOBAL_PRUNED:.0f}% or fewer:\n\n"
+            + table(["seed", "local heads", "layers holding both", "layers with a global head (its decay times, "
+                     "tokens)", "% tiles pruned"], rows, "rrrlr"))
+
+
 def claim5(runs: list[RunResult]) -> str:
-    rs = [r for r in primary(runs, "fox_pro", "fox", picks(runs)) if r.acp is not None]
-    if not rs:
+    released, earlier = claim5_runs(runs)
+    if not released and not earlier:
         return "Not run yet."
-    r = rs[0]
-    h = _heads(r)
-    others = [100 * x.acp["tile_fraction"] for x in runs if x.acp and x.label == "fox_pro" and x is not r]
-    text = (f"**Verdict ({r.name}, one run): {claim5_verdict(h)}.** {h['local']} of {h['total']} heads have more "
-            f"than half their tiles pruned (local heads). Layers with a global head ({100 * GLOBAL_PRUNED:.0f}% of "
-            f"its tiles pruned or fewer), with those heads' decay times −1/mean log f in tokens: "
-            f"{', '.join(h['global'])}. Overall ACP prunes {100 * r.acp['tile_fraction']:.1f}% of the forward tiles "
-            f"at {r.acp['tokens']:,} tokens; the paper reports around 70% of attention FLOPs at every size it tested.")
-    if others:
-        text += f" The other FoX (Pro) runs of the earlier definition prune {min(others):.0f}–{max(others):.0f}%."
-    return text
+    text = _released_heads(released) + "\n\n" if released else ""
+    if earlier:
+        r, h = earlier[0], _heads(earlier[0])
+        others = [100 * x.acp["tile_fraction"] for x in runs if x.acp and x.label == "fox_pro" and x is not r]
+        text += (f"**{'Earlier definition' if released else 'Verdict'} ({r.name}, one run): {claim5_verdict(h)}.** "
+                 f"{h['local']} of {h['total']} heads have more than half their tiles pruned (local heads). Layers "
+                 f"with a global head ({100 * GLOBAL_PRUNED:.0f}% of its tiles pruned or fewer), with those heads' "
+                 f"decay times −1/mean log f in tokens: {', '.join(h['global'])}. Overall ACP prunes "
+                 f"{100 * r.acp['tile_fraction']:.1f}% of the forward tiles at {r.acp['tokens']:,} tokens; the paper "
+                 "reports around 70% of attention FLOPs at every size it tested.")
+        if others:
+            text += f" The other FoX (Pro) runs of the earlier definition prune {min(others):.0f}–{max(others):.0f}%."
+    return text.strip()
 
 
 def path_released(runs: list[RunResult]) -> str | None:
@@ -499,8 +541,7 @@ def summary(runs: list[RunResult]) -> str:
                      f"{_seeds_verdict(diffs, +1)} ({len(diffs)} seed{'s' * (len(diffs) != 1)}, released definition)"])
     rows += [[f"3. {claim}", _gate_verdict(diffs, sign)] for claim, diffs, sign in gate_diffs(runs)]
     rows += acp_rows(runs)
-    heads = [r for r in primary(runs, "fox_pro", "fox", picks(runs)) if r.acp is not None]
-    rows.append(["5. Local and global heads", f"{claim5_verdict(_heads(heads[0]))} (one run)" if heads else "not run"])
+    rows.append(claim5_row(runs))
     rows.append(["6. Needle in a haystack", "generation: inconclusive (no 125M model answers); "
                  + retrieval_summary(runs)])
     fox_lr = picks(runs).get("fox")

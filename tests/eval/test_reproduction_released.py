@@ -131,3 +131,38 @@ def test_the_heads_line_checks_all_three_statements_of_claim_5():
     assert line(no_global).endswith("| contradicts the paper (one run) |")
     assert line(most_global).endswith("| contradicts the paper (one run) |")
     assert line(suite()).endswith("| not run |")
+
+
+def test_claim_5_reads_every_released_seed_and_keeps_the_earlier_run_below():
+    from eval.reproduction_verdicts import claim5
+
+    def with_acp(r, layers):
+        r.acp = {"tokens": 4096, "tile_fraction": float(np.mean([x for fr in layers for x in fr])),
+                 "layers": [{"layer": i, "tile_fraction": fr, "mean_log_fgate": [-0.01] * len(fr)}
+                            for i, fr in enumerate(layers)]}
+        return r
+
+    runs = suite()
+    released = sorted((r for r in runs if r.label == "fox_pro_released"), key=lambda r: r.seed)
+    with_acp(released[0], [[0.9, 0.8, 0.05], [0.8, 0.9, 0.7]])  # 1 of 2 layers holds both
+    with_acp(released[1], [[0.9, 0.8, 0.05], [0.8, 0.9, 0.7]])
+    with_acp(released[2], [[0.9, 0.8, 0.7], [0.8, 0.9, 0.6]])  # no global head
+    with_acp(runs[0], [[0.9, 0.8, 0.05], [0.8, 0.9, 0.0]])  # fox_pro-lr0.001-s0, the earlier definition
+    row = next(ln for ln in summary(runs).splitlines() if "Local and global heads" in ln)
+    assert row.endswith("| differs between seeds: partly reproduced at 2, contradicts the paper at 1 (3 seeds, "
+                        "released definition) |")
+    said = claim5(runs)
+    assert said.startswith("**Verdict (released definition, 3 seeds): differs between seeds: partly reproduced at 2, "
+                           "contradicts the paper at 1.**")
+    assert "| 0 | 5 of 6 | 1 of 2 | 0 (100) | 69.2 |" in said  # decay time −1/(−0.01) = 100 tokens
+    assert "| 2 | 6 of 6 | 0 of 2 | – | 78.3 |" in said
+    assert "**Earlier definition (fox_pro-lr0.001-s0, one run): reproduced.**" in said
+    with_acp(released[2], [[0.9, 0.8, 0.05], [0.8, 0.9, 0.0]])  # both layers hold both
+    row = next(ln for ln in summary(runs).splitlines() if "Local and global heads" in ln)
+    assert row.endswith("| differs between seeds: partly reproduced at 2, reproduced at 1 (3 seeds, released "
+                        "definition) |")
+    for r in released:
+        with_acp(r, [[0.9, 0.8, 0.05], [0.8, 0.9, 0.7]])
+    row = next(ln for ln in summary(runs).splitlines() if "Local and global heads" in ln)
+    assert row.endswith("| partly reproduced: most heads local, some global, but 1 of 2 layers hold both (3 seeds, "
+                        "released definition) |")
