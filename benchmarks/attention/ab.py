@@ -16,7 +16,7 @@ clocks, which is what the rounds sample.
 Cases: ``dense`` and ``acp`` (``common.case_inputs``; ``--heads``: ACP's head mix, half local by default).
 Timers: ``graph`` (GPU time, the call replayed from a CUDA graph; default), ``eager`` (kernels plus the host time
 they do not hide), ``host`` (host microseconds per call of 10 back-to-back calls, the GPU not waited for),
-``kernels`` (each kernel's GPU microseconds in one fwd+bwd call, torch.profiler). Shapes: S1..S4 and ``tiny``.
+``kernels`` (each kernel's GPU microseconds in one fwd+bwd call, torch.profiler). Shapes: S1..S4, T1 and ``tiny``.
 
 One more process per side saves its outputs (o, dq, dk, dv, d log f for a fixed do), and the two sides' are
 compared: bitwise equal or the relative L2 difference; ``--expect-equal`` exits 1 unless all are bitwise equal (a
@@ -48,7 +48,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 TIMERS = ("graph", "eager", "host", "kernels")
 CASES = ("dense", "acp")
 HEADS = ("mixed", "all_local", "all_global")
-SHAPE_NAMES = ("S1", "S2", "S3", "S4", "tiny")
+SHAPE_NAMES = ("S1", "S2", "S3", "S4", "T1", "tiny")  # common.SHAPES and TINY
 OUTPUTS = ("o", "dq", "dk", "dv", "dlf")
 
 

@@ -298,3 +298,10 @@ def test_the_triton_sweep_covers_the_autotuned_configs():
 
     for kind, configs in L.TRITON_AUTOTUNE_CONFIGS.items():
         assert {dataclasses.astuple(c) for c in configs} <= set(TRITON_SWEEP[kind]), kind
+
+
+def test_ab_knows_every_benchmark_shape():
+    """A/B takes the shapes the other tools take: common.SHAPES and tiny."""
+    from benchmarks.attention import ab, common
+
+    assert set(ab.SHAPE_NAMES) == {*common.SHAPES, "tiny"}
