@@ -26,6 +26,7 @@ from eval.reproduction_results import (ABLATIONS, BANDS, BASELINES, FAMILY, LABE
                                        verdict)
 from eval.reproduction_acp import claim4_table
 from eval.reproduction_probes import copy_frontier_plots, probe_tables
+from eval.reproduction_sweeps import sweep_tables
 from eval.reproduction_verdicts import verdicts
 
 __all__ = ["FAMILY", "load_results", "paired_interval", "picks", "render_tables", "update_doc", "verdict",
@@ -360,7 +361,7 @@ def render_tables(out) -> dict[str, str]:
             "claim4": claim4_table(runs), "claim5": claim5_table(runs), "claim6": claim6_table(runs),
             "path": path_table(runs), "released": released_table(runs), "llama_sweep": llama_sweep_table(runs),
             "long": long_table(runs),
-            "runs": runs_table(runs), **verdicts(runs), **probe_tables(runs)}
+            "runs": runs_table(runs), **verdicts(runs), **probe_tables(runs), **sweep_tables(runs)}
 
 
 def write_plots(out, image_dir) -> list[Path]:

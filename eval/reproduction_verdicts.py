@@ -14,6 +14,7 @@ import numpy as np
 from forgetting_transformer.markdown import table
 from eval.reproduction_acp import acp_rows, claim4
 from eval.reproduction_probes import retrieval_summary
+from eval.reproduction_sweeps import lengths_row, tmax_row
 from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, alone,
                                        bands_of, baseline_pick,
                                        by_seed, claim2_runs, compared, display_name, llama_pick, paired,
@@ -536,10 +537,12 @@ def summary(runs: list[RunResult]) -> str:
     rows.append(["2. Past the training length FoX's L(i) stays flat, the Transformer's with RoPE rises",
                  _beyond(claim2_runs(runs))])
     rows.append(["2. FoX's advantage grows with position inside the training length", _grows(runs)[1]])
+    rows.append(lengths_row(runs))
     for name, diffs in removals(runs):
         rows.append([f"3. Removing {name} raises the loss",
                      f"{_seeds_verdict(diffs, +1)} ({len(diffs)} seed{'s' * (len(diffs) != 1)}, released definition)"])
     rows += [[f"3. {claim}", _gate_verdict(diffs, sign)] for claim, diffs, sign in gate_diffs(runs)]
+    rows.append(tmax_row(runs))
     rows += acp_rows(runs)
     rows.append(claim5_row(runs))
     rows.append(["6. Needle in a haystack", "generation: inconclusive (no 125M model answers); "

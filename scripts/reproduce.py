@@ -46,6 +46,10 @@ H200; and ``long``; ``lr`` and ``lr-wide`` first, since the others train at the 
     path-lr    the same two at 5e-4 and 2e-3, seed 0: with path-released, a 3-point check of their rate
     released-gates  Table 3's data-independent and fixed gates and FoX (Pro) + RoPE on the released FoX (Pro),
                and the Transformer (LLaMA) without RoPE at the LLaMA pair's own rate (1e-3), seeds 0, 1, 2
+    tmax       the data-independent and fixed gates on the released FoX (Pro) at T_max 32, 2048 and 16384 (T_min 2;
+               the presets' 256 is released-gates), seeds 0, 1, 2
+    train-lengths  the released pair at 1,024 and 2,048 tokens of context (131,072 tokens per step as always), seeds
+               0, 1, 2: L(i) past each training length
 
 Every FoX and PaTH model trains at the FoX (Pro) pick of the sweep, every Transformer at the Transformer (Pro) pick.
 Runs go one per GPU (``--gpus``, default every visible GPU; a GPU id given twice takes two at once); each trains
@@ -68,22 +72,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.reproduction import FAMILY as FAMILY_MODEL  # (the pair whose sweep sets each family's lr)
 from eval.reproduction import load_results, picks
 from eval.reproduction_data import prepare_data
 from eval.reproduction_jobs import chain_jobs, run_jobs, visible_gpus
+from eval.reproduction_suite import ALONE, PARTS, PRUNING_ROWS, SWEEP, Run, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SIZE = "125m"
 VOCAB_SIZE, DOC_LEN = 16384, 16384
 DEFAULT_SHARDS = ("train-00", "train-01")
-SWEEP = {"lr": (1e-3, 2e-3), "lr-wide": (5e-4, 4e-3)}
-# The LLaMA pair's own sweep: with main's run at the Pro picks, each model has the Pro sweep's four rates
-LLAMA_SWEEP = {"fox_llama": (5e-4, 2e-3, 4e-3), "transformer_llama": (5e-4, 1e-3, 4e-3)}
 NIAH_LENGTHS, NIAH_DEPTHS = "2k,4k,8k,16k", "0,50,100"
 RETRIEVAL_LENGTHS = "1k,2k,4k,8k,16k"  # the retrieval probes' grid: these lengths x eval.retrieval's five depths
 FRONTIER_LENGTHS, FRONTIER_WINDOWS = "4096,16384,32768", "3"  # frontier prompts: the training length, 4x, 8x
@@ -92,127 +93,6 @@ GATES_LEN, ACP_LEN = 1024, 4096  # tokens of a held-out book: F / A maps; ACP st
 ACP_CHECKPOINTS = 8  # the ACP runs keep this many checkpoints, evenly spaced, to measure pruning over training
 SMALL_FILES = ("config.yaml", "metrics.jsonl", "per_token_loss.json", "acp_over_training.json")
 _HYDRA_LOCK = threading.Lock()
-
-
-@dataclass
-class Run:
-    """One training run of the suite and the evaluations that follow it."""
-
-    label: str  # model or ablation name, e.g. fox_pro, fox_pro_no_kv_shift
-    model: str  # the preset's model: experiment=books/<model>_125m
-    family: str  # fox | transformer: whose learning-rate pick it trains at
-    part: str
-    seed: int = 0
-    lr: float | None = None  # None: the family's pick of the sweep
-    overrides: list = field(default_factory=list)
-    niah: bool = False
-    gates: bool = False  # F / A maps of a held-out book (ACP statistics: every run with a forget gate)
-    acp_trajectory: bool = False
-    retrieval: bool = False  # the retrieval probes (eval.retrieval): the needle's gain and the passkey's rank
-    frontier: bool = False  # the eviction frontier (eval.eviction.frontier): loss against KV cache kept
-    shards: tuple[str, ...] | None = None  # train shards other than the suite's --shards (the long part's)
-    pruning: bool = False  # ACP's pruned tile share over PRUNING_ROWS held-out rows (eval.gates.pruning)
-    back_to_back: str | None = None  # runs with one key train one after another on a GPU with nothing beside them
-
-    def name(self, lr: float) -> str:
-        return f"{self.label}-lr{lr:g}-s{self.seed}"
-
-
-def suite() -> list[Run]:
-    """Every run of the suite, part by part (the table in the module docstring)."""
-    runs = []
-    for part, lrs in SWEEP.items():
-        for lr in lrs:
-            runs += [Run("fox_pro", "fox_pro", "fox", part, lr=lr),
-                     Run("transformer_pro", "transformer_pro", "transformer", part, lr=lr)]
-    runs += [Run("fox_pro", "fox_pro", "fox", "main", seed=1, niah=True, gates=True),
-             Run("transformer_pro", "transformer_pro", "transformer", "main", seed=1, niah=True),
-             Run("fox_llama", "fox_llama", "fox", "main", niah=True, gates=True),
-             Run("transformer_llama", "transformer_llama", "transformer", "main", niah=True)]
-    for model, lrs in LLAMA_SWEEP.items():
-        runs += [Run(model, model, model.split("_")[0], "lr-llama", lr=lr) for lr in lrs]
-    for switch in ("kv_shift", "output_gate", "output_norm", "qk_norm"):
-        runs.append(Run(f"fox_pro_no_{switch}", "fox_pro", "fox", "ablations", overrides=[f"model.{switch}=false"]))
-    runs += [Run("fox_pro_data_independent", "fox_pro_data_independent", "fox", "gates"),
-             Run("fox_pro_fixed", "fox_pro_fixed", "fox", "gates"),
-             Run("fox_pro_rope", "fox_pro_rope", "fox", "gates"),
-             Run("transformer_llama_no_rope", "transformer_llama", "transformer", "gates",
-                 overrides=["model.rope=false"])]
-    for seed in (0, 1):
-        runs.append(Run("fox_pro_acp", "fox_pro", "fox", "acp", seed=seed, overrides=["model.acp=true"],
-                        acp_trajectory=seed == 0))
-    runs += [Run("path_pro", "path_pro", "fox", "path", niah=True),
-             Run("path_fox_pro", "path_fox_pro", "fox", "path", niah=True)]
-    for run in runs:  # these parts ran before the Pro presets became the released models: they keep their model
-        if run.model in LEGACY_PRO:
-            run.overrides = [*LEGACY_OVERRIDES, *run.overrides]
-    probes = dict(retrieval=True, frontier=True)  # (seeds 0-2 trained before the probes and the frontier existed)
-    for seed in RELEASED_SEEDS:
-        runs += [Run("fox_pro_released", "fox_pro", "fox", "released", seed=seed, **probes),
-                 Run("transformer_pro_released", "transformer_pro", "transformer", "released", seed=seed, **probes),
-                 Run("fox_pro_released_no_kv_shift", "fox_pro", "fox", "released", seed=seed,
-                     overrides=["model.kv_shift=false"])]
-    longer = [f"schedule.total_tokens={LONG * BOOKS_TOKENS}", f"schedule.warmup_tokens={LONG * BOOKS_WARMUP}"]
-    runs += [Run(f"{label}_{LONG}x", model, family, "long", seed=seed, overrides=[*ovr, *longer], shards=LONG_SHARDS)
-             for seed in LONG_SEEDS for label, model, family, ovr in (
-                 ("fox_pro_released", "fox_pro", "fox", []), ("transformer_pro_released", "transformer_pro",
-                                                              "transformer", []),
-                 ("fox_pro_released_no_kv_shift", "fox_pro", "fox", ["model.kv_shift=false"]))]
-    for seed in ACP_RELEASED_SEEDS:  # a dense run timed just before the ACP run, on the same GPU
-        timed = f"acp-released-s{seed}" if seed in ACP_TIMED_SEEDS else None
-        if timed:
-            runs.append(Run("fox_pro_released_dense", "fox_pro", "fox", "acp-released", seed=seed, back_to_back=timed))
-        runs.append(Run("fox_pro_released_acp", "fox_pro", "fox", "acp-released", seed=seed,
-                        overrides=["model.acp=true"], pruning=True, back_to_back=timed))
-    runs += [Run(f"fox_pro_released_{kind}_16k", "fox_pro", "fox", "acp-16k", overrides=[*CONTEXT_16K, *acp],
-                 pruning=bool(acp), back_to_back="acp-16k-s0")
-             for kind, acp in (("dense", []), ("acp", ["model.acp=true"]))]
-    for seed in PATH_SEEDS:  # PaTH on the released definition, paired with the released pair
-        runs += [Run(f"{model}_released", model, "fox", "path-released", seed=seed) for model in PATH_MODELS]
-    runs += [Run(f"{model}_released", model, "fox", "path-lr", lr=lr) for model in PATH_MODELS for lr in PATH_LRS]
-    for seed in RELEASED_ABLATION_SEEDS:  # Table 3's gates and RoPE: the presets now train the released models
-        runs += [Run(f"fox_pro_released_{kind}", f"fox_pro_{kind}", "fox", "released-gates", seed=seed)
-                 for kind in ("data_independent", "fixed", "rope")]
-        runs.append(Run("transformer_llama_no_rope", "transformer_llama", "transformer", "released-gates", seed=seed,
-                        lr=LLAMA_PICK, overrides=["model.rope=false"]))
-    for seed in RELEASED_ABLATION_SEEDS:
-        runs += [Run(f"fox_pro_released_no_{switch}", "fox_pro", "fox", "released-ablations", seed=seed,
-                     overrides=[f"model.{switch}=false"]) for switch in ("output_gate", "output_norm", "qk_norm")]
-    for seed in LLAMA_SEEDS:
-        runs += [Run(model, model, model.split("_")[0], "llama-seeds", seed=seed, lr=LLAMA_PICK)
-                 for model in LLAMA_SWEEP]
-    runs += [Run(model, model, "baseline", "baselines", lr=lr) for model, lrs in BASELINE_LRS.items() for lr in lrs]
-    runs += [Run(model, model, "baseline", "baseline-seeds", seed=seed, lr=lr)
-             for model, lr in BASELINE_PICK.items() for seed in BASELINE_SEEDS]
-    return runs
-
-
-PARTS = ("lr", "lr-wide", "main", "lr-llama", "ablations", "gates", "acp", "path", "released", "released-ablations",
-         "llama-seeds", "baselines", "baseline-seeds", "long", "acp-released", "acp-16k", "released-gates",
-         "path-released", "path-lr")
-# The Pro models of every part but "released" keep the definition they were trained with: the output norm's
-# weights shared across heads and the QK-norm eps equal to norm_eps (1e-6). The released models' (the presets
-# now): per-head output-norm weights, QK-norm eps 1e-5 (docs/official.md).
-LEGACY_PRO = ("fox_pro", "transformer_pro", "fox_pro_data_independent", "fox_pro_fixed", "fox_pro_rope", "path_pro",
-              "path_fox_pro")
-LEGACY_OVERRIDES = ("model.output_norm_per_head=false", "model.qk_norm_eps=null")
-RELEASED_SEEDS, RELEASED_ABLATION_SEEDS = (0, 1, 2, 3, 4), (0, 1, 2)
-LLAMA_PICK, LLAMA_SEEDS = 1e-3, (1, 2)  # both LLaMA models' best rate of their own sweep (lr-llama)
-# the paper's 2e-3 and either side, and one rate past an end of the grid that came out best; seeds 1 and 2 at a best
-# rate that is inside its grid
-BASELINE_LRS = {"mamba2": (1e-3, 2e-3, 4e-3, 8e-3), "hgrn2": (5e-4, 1e-3, 2e-3, 4e-3), "deltanet": (1e-3, 2e-3, 4e-3)}
-BASELINE_PICK, BASELINE_SEEDS = {"mamba2": 4e-3, "hgrn2": 1e-3, "deltanet": 2e-3}, (1, 2)
-# models that need a GPU to themselves whatever --gpus says: fla's Mamba-2 peaks at 107 GiB on an H200 (micro-batch
-# 16 x 4k), so a job beside it runs out of memory
-ALONE = ("mamba2",)
-BOOKS_TOKENS, BOOKS_WARMUP = 52_428_800, 5_242_880  # the protocol's tokens and warmup (experiment/shared/books.yaml)
-LONG, LONG_SHARDS, LONG_SEEDS = 4, tuple(f"train-{i:02d}" for i in range(6)), (0, 1)  # the long part
-# ACP on the released FoX (Pro): its seeds, and those whose ACP run trains right after a dense twin on one GPU
-ACP_RELEASED_SEEDS, ACP_TIMED_SEEDS, PRUNING_ROWS = (0, 1, 2), (0, 1), 64
-# PaTH (Pro) and PaTH-FoX (Pro) on the released definition: their seeds, and the rates either side of the FoX pick
-PATH_MODELS, PATH_SEEDS, PATH_LRS = ("path_pro", "path_fox_pro"), (0, 1, 2), (5e-4, 2e-3)
-# the acp-16k pair: 16,384-token context at the protocol's 131,072 tokens per step (8 sequences, 4 per micro-batch)
-CONTEXT_16K = ("data.seq_len=16384", "train.batch_size=8", "train.micro_batch_size=4")
 
 
 # ----------------------------------------------------------------------------------------------------- learning rates
@@ -253,15 +133,20 @@ def planned(runs: list[Run], out: Path, parts: list[str]) -> list[tuple[Run, flo
 # ----------------------------------------------------------------------------------------------------- one run
 
 
-def steps_of(run_cmd: list[str]) -> int:
-    """Optimizer steps of a train.py command (composed with Hydra, as train.py does)."""
+def compose_run(run_cmd: list[str]):
+    """A train.py command's config, composed with Hydra as train.py does."""
     from hydra import compose, initialize_config_dir
 
     from forgetting_transformer.config import register_configs
 
     register_configs()
     with _HYDRA_LOCK, initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=run_cmd)  # Hydra's global state: one job thread at a time
+        return compose("config", overrides=run_cmd)  # Hydra's global state: one job thread at a time
+
+
+def steps_of(run_cmd: list[str]) -> int:
+    """Optimizer steps of a train.py command."""
+    cfg = compose_run(run_cmd)
     return -(-int(cfg.schedule.total_tokens) // (cfg.train.batch_size * cfg.data.seq_len))
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import eval.reproduction_suite as rs
 from forgetting_transformer.data.prepare import EMBEDDED_CORPUS, iter_documents
 from tests.script_modules import load_script
 
@@ -58,7 +59,8 @@ def reproduce(corpus, tmp, *args):
 # Every part at the toy size, a run or a few of each (the sweep whole: the other parts train at its picks); not the
 # fla baselines, whose kernels need a GPU, nor the 16k ACP pair and PaTH's rate check, runs of the other parts at
 # another context or rate (their parts are listed by a dry run below)
-TOY_PARTS = [p for p in rp.PARTS if p not in ("baselines", "baseline-seeds", "acp-16k", "path-lr")]
+TOY_PARTS = [p for p in rs.PARTS if p not in ("baselines", "baseline-seeds", "acp-16k", "path-lr", "tmax",
+                                              "train-lengths")]
 TOY_ONLY = ",".join(["fox_pro-*", "transformer_pro-*-s0", "fox_llama-lr0.0005-s0", "fox_llama-*-s1",
                      "fox_pro_no_kv_shift-*", "fox_pro_fixed-*", "fox_pro_acp-*-s0", "path_pro-*", "path_fox_pro-*",
                      "fox_pro_released-*-s0", "transformer_pro_released-*-s0", "fox_pro_released_no_qk_norm-*-s0",
@@ -89,9 +91,9 @@ def runs_of(tmp):
 def test_every_run_of_every_part_is_done_with_its_files(suite):
     tmp, _ = suite
     runs = runs_of(tmp)
-    unique = {run.name(lr) for run, lr in rp.planned(rp.suite(), tmp / "results", TOY_PARTS)
+    unique = {run.name(lr) for run, lr in rp.planned(rs.suite(), tmp / "results", TOY_PARTS)
               if any(fnmatch.fnmatch(run.name(lr), x) for x in TOY_ONLY.split(","))}
-    assert len(runs) == len(unique) and 23 <= len(unique) <= 24 and len(rp.suite()) == 110
+    assert len(runs) == len(unique) and 23 <= len(unique) <= 24 and len(rs.suite()) == 140
     assert {d["part"] for d in runs.values()} == set(TOY_PARTS)
     for name, done in runs.items():
         d = tmp / "results" / "runs" / name
@@ -129,7 +131,7 @@ def test_later_parts_train_at_the_sweeps_picks(suite):
     ablation = runs[next(n for n in runs if n.startswith("fox_pro_no_kv_shift"))]
     assert "model.kv_shift=false" in ablation["command"]
     seeded = [d for d in runs.values() if d["part"] == "llama-seeds"]  # the LLaMA pair's own pick, not the family's
-    assert seeded and all(d["lr"] == rp.LLAMA_PICK and d["seed"] in rp.LLAMA_SEEDS for d in seeded)
+    assert seeded and all(d["lr"] == rs.LLAMA_PICK and d["seed"] in rs.LLAMA_SEEDS for d in seeded)
 
 
 def test_the_released_part_trains_the_released_definition_and_the_others_keep_theirs(suite):
@@ -145,14 +147,14 @@ def test_the_released_part_trains_the_released_definition_and_the_others_keep_th
         ("fox_pro_released", 0), ("fox_pro_released_no_qk_norm", 0), ("transformer_pro_released", 0)]
     for name, done in runs.items():
         model = OmegaConf.load(tmp / "results" / "runs" / name / "config.yaml").model
-        if done["model"] not in rp.LEGACY_PRO:
+        if done["model"] not in rs.LEGACY_PRO:
             continue
         now = done["part"] in (*parts, "long", "acp-released", "released-gates", "path-released")  # (the presets)
         assert model.output_norm_per_head == now, name
         assert model.qk_norm_eps == (1e-5 if now else None), name
     assert all("model.qk_norm=false" in d["command"] for d in released.values()
                if d["label"] == "fox_pro_released_no_qk_norm")
-    planned = [run for run in rp.suite() if run.part in parts]  # the pair and - KV-shift at 5 seeds, the rest at 3
+    planned = [run for run in rs.suite() if run.part in parts]  # the pair and - KV-shift at 5 seeds, the rest at 3
     expected = [(label, s) for label in ("fox_pro_released", "transformer_pro_released",
                                          "fox_pro_released_no_kv_shift") for s in (0, 1, 2, 3, 4)]
     expected += [(f"fox_pro_released_no_{x}", s) for x in ("output_gate", "output_norm", "qk_norm") for s in (0, 1, 2)]
@@ -186,7 +188,7 @@ def test_the_long_part_trains_4x_the_tokens_on_all_six_shards_with_the_suites_to
     done = next(d for d in runs_of(tmp).values() if d["label"] == "fox_pro_released_4x")
     cmd = done["command"]  # the toy's --override comes last and trains it small; the part's own overrides first
     assert "data.data_dir=$DATA-6-shards " in cmd and "model.output_norm_per_head" not in cmd
-    assert f"schedule.total_tokens={4 * rp.BOOKS_TOKENS} schedule.warmup_tokens={4 * rp.BOOKS_WARMUP}" in cmd
+    assert f"schedule.total_tokens={4 * rs.BOOKS_TOKENS} schedule.warmup_tokens={4 * rs.BOOKS_WARMUP}" in cmd
     short, long = (json.loads((out / f).read_text()) for f in ("data.json", "data-6-shards.json"))
     assert sorted(long["shards"]) == [f"train-{i:02d}.jsonl.xz" for i in range(6)] + ["validation.jsonl.xz"]
     assert long["tokenizer_sha256"] == short["tokenizer_sha256"] and long["heldout"] == short["heldout"]
@@ -201,7 +203,7 @@ def test_the_protocol_tokens_the_long_part_multiplies_are_the_presets():
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("config", overrides=["experiment=books/fox_pro_125m", "data.data_dir=x"])
-    assert (cfg.schedule.total_tokens, cfg.schedule.warmup_tokens) == (rp.BOOKS_TOKENS, rp.BOOKS_WARMUP)
+    assert (cfg.schedule.total_tokens, cfg.schedule.warmup_tokens) == (rs.BOOKS_TOKENS, rs.BOOKS_WARMUP)
 
 
 def test_acp_runs_measure_pruning_over_training(suite):
@@ -313,11 +315,36 @@ def test_the_acp_16k_part_lists_a_dense_twin_then_acp_at_16k_context(corpus, tmp
                                                   "fox_pro_released_acp_16k-lr0.001-s0"]
     context = " data.seq_len=16384 train.batch_size=8 train.micro_batch_size=4"
     assert lines[0].endswith(context) and lines[1].endswith(context + " model.acp=true")
-    pair = [r for r in rp.suite() if r.part == "acp-16k"]
+    pair = [r for r in rs.suite() if r.part == "acp-16k"]
     assert {r.back_to_back for r in pair} == {"acp-16k-s0"} and [r.pruning for r in pair] == [False, True]
     cmds = rp.eval_commands(pair[1], tmp_path / "run", tmp_path)
     pruning = next(c for c in cmds if "eval.gates.pruning" in c)
     assert "--length" not in pruning  # the pruned share at the run's own (16k) training length
+
+
+def test_the_tmax_part_sweeps_both_gates_t_max_seed_by_seed_and_hydra_takes_the_override(corpus, tmp_path):
+    lines, _ = dry_run(corpus, tmp_path, "tmax")
+    names = [ln.split(" ")[0] for ln in lines]
+    assert names[:6] == [f"fox_pro_released_{kind}_tmax{t}-lr0.001-s0" for t in (32, 2048, 16384)
+                         for kind in ("data_independent", "fixed")]
+    assert len(names) == 18 and names[-1] == "fox_pro_released_fixed_tmax16384-lr0.001-s2"  # a pass per seed
+    assert "experiment=books/fox_pro_fixed_125m " in lines[1] and lines[1].endswith(" model.fgate_init=[2,32]")
+    run = next(r for r in rs.suite() if r.name(1e-3) == "fox_pro_released_fixed_tmax2048-lr0.001-s1")
+    cfg = rp.compose_run(rp.train_overrides(run, 1e-3, tmp_path, tmp_path / "run", []))
+    assert list(cfg.model.fgate_init) == [2, 2048] and cfg.model.fgate == "fixed" and cfg.seed == 1
+
+
+def test_the_train_lengths_part_keeps_the_tokens_per_step_and_the_steps(tmp_path):
+    runs = [r for r in rs.suite() if r.part == "train-lengths"]
+    assert [r.name(1e-3) for r in runs[:4]] == [f"{m}_ctx{n}-lr0.001-s0" for n in (1024, 2048)
+                                                for m in ("fox_pro_released", "transformer_pro_released")]
+    assert len(runs) == 12 and {r.seed for r in runs} == {0, 1, 2}
+    for run in runs[:4]:
+        cfg = rp.compose_run(rp.train_overrides(run, 1e-3, tmp_path, tmp_path / "run", []))
+        assert cfg.train.batch_size * cfg.data.seq_len == 131_072 and cfg.train.micro_batch_size * 2 == \
+            cfg.train.batch_size
+        assert cfg.eval.per_token_len == 16384  # L(i) to 16k whatever the training length
+    assert rp.steps_of(rp.train_overrides(runs[0], 1e-3, tmp_path, tmp_path / "run", [])) == 400
 
 
 def test_a_gpu_id_given_twice_runs_two_jobs_on_that_gpu_at_once():
@@ -374,7 +401,7 @@ def test_a_job_that_needs_its_gpu_alone_takes_every_slot_of_it():
     rp.run_jobs(jobs, rp.visible_gpus("0,0"), every=0.5)
     assert [(j.status, j.gpu, j.gpu_jobs) for j in jobs] == [("done", "0", 1), ("done", "0", 2), ("done", "0", 2)]
     assert seen[0] == {"mamba2"} and all("mamba2" not in s for s in seen[1:])
-    run = next(r for r in rp.suite() if r.model == "mamba2")
+    run = next(r for r in rs.suite() if r.model == "mamba2")
     assert rp.Job(run, 4e-3, None, argparse.Namespace(work=Path("w"), out=Path("o"), data_dir=Path("d"),
                                                       shard_list=list(rp.DEFAULT_SHARDS))).alone
 
@@ -534,7 +561,7 @@ def test_the_prose_check_catches_a_hand_written_loss_and_ignores_generated_block
 
 def test_the_baseline_parts_list_each_baselines_grid_and_the_seeds_at_its_pick(corpus, tmp_path):
     cmds, _ = dry_run(corpus, tmp_path, "baselines,baseline-seeds",
-                      ignore=lambda d, names: [n for n in names if n.startswith(tuple(rp.BASELINE_LRS))])
+                      ignore=lambda d, names: [n for n in names if n.startswith(tuple(rs.BASELINE_LRS))])
     lines = [ln.split(" [")[0] for ln in cmds]
     grids = {"mamba2": (1e-3, 2e-3, 4e-3, 8e-3), "hgrn2": (5e-4, 1e-3, 2e-3, 4e-3), "deltanet": (1e-3, 2e-3, 4e-3)}
     assert lines == ([f"{m}-lr{lr:g}-s0" for m, lrs in grids.items() for lr in lrs]
