@@ -71,8 +71,9 @@ def peak_memory_gib(device: torch.device) -> float:
 
 def gpu_memory_elsewhere_gib(device: torch.device) -> float | None:
     """GPU memory in use outside this process's allocator, in GiB: the device's used memory less what this process
-    reserved. It holds this process's CUDA context (about a GiB) and whatever other processes hold: a run sharing
-    its GPU with another training job shows tens of GiB. None on the CPU."""
+    reserved. It holds this process's CUDA context and that of torch.compile's compile-worker process (a GiB or two)
+    and whatever other processes hold: a run sharing its GPU with another training job shows tens of GiB. None on
+    the CPU."""
     if device.type != "cuda":
         return None
     free, total = torch.cuda.mem_get_info(device)

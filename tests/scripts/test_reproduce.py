@@ -57,8 +57,8 @@ def reproduce(corpus, tmp, *args):
 
 
 # Every part at the toy size, a run or a few of each (the sweep whole: the other parts train at its picks); not the
-# fla baselines, whose kernels need a GPU, nor the 16k ACP pair and PaTH's rate check, runs of the other parts at
-# another context or rate (their parts are listed by a dry run below)
+# fla baselines, whose kernels need a GPU, nor the 16k ACP pair, PaTH's rate check, the T_max sweep and the shorter
+# training lengths: runs of the other parts at another context, rate or gate init (listed by dry runs below)
 TOY_PARTS = [p for p in rs.PARTS if p not in ("baselines", "baseline-seeds", "acp-16k", "path-lr", "tmax",
                                               "train-lengths")]
 TOY_ONLY = ",".join(["fox_pro-*", "transformer_pro-*-s0", "fox_llama-lr0.0005-s0", "fox_llama-*-s1",
