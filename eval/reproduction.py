@@ -332,10 +332,8 @@ def path_released_table(runs: list[RunResult]) -> str:
 def path_table(runs: list[RunResult]) -> str:
     chosen = path_runs(runs)
     released = any(r.label.startswith("path") and r.label.endswith("_released") for r in runs)
-    if released and not any(r.label.startswith("path") for r, _ in chosen):
-        return path_released_table(runs)
     if not any(r.label.startswith("path") for r, _ in chosen):
-        return "Not run yet: `--parts path`."
+        return path_released_table(runs) if released else "Not run yet: `--parts path`."
     rows = []
     for r, position in chosen:
         rows.append([f"{LABELS[r.label]} ({r.name})", position, fmt(r.heldout),

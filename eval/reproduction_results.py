@@ -135,6 +135,12 @@ def bands_of(curve: np.ndarray) -> list[float | None]:
     return [float(curve[a - 1:b].mean()) if len(curve) >= b else None for a, b in BANDS]
 
 
+def rise_past(r: "RunResult", n: int = 4096) -> float:
+    """L(i) past a training length n: its mean over (2n, 4n] minus over (n/8, n]. At the protocol's n = 4,096 these
+    are BANDS' last and second bands."""
+    return float(r.loss_curve[2 * n:4 * n].mean() - r.loss_curve[n // 8:n].mean())
+
+
 def band_cells(curve: np.ndarray | None) -> list[str]:
     """L(i) per band, then the rise past the training length, L(8,193–16,384) − L(513–4,096), formatted."""
     b = bands_of(curve) if curve is not None else [None] * len(BANDS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eval.reproduction_results import RunResult, by_seed, paired, paired_interval, picks, verdict
+from eval.reproduction_results import RunResult, by_seed, paired, paired_interval, picks, rise_past, verdict
 from forgetting_transformer.markdown import table
 
 PRESET_TMAX = 256  # the presets' T_max: the released-gates part's runs are this sweep's point there
@@ -75,11 +75,6 @@ def _band(r: RunResult, lo: int, hi: int) -> float:
     return float(np.mean(r.loss_curve[lo - 1:hi]))
 
 
-def _rise(r: RunResult, n: int) -> float:
-    """L(i) from the last 7/8 of the training length to twice to four times past it: (2n, 4n] − (n/8, n]."""
-    return _band(r, 2 * n + 1, 4 * n) - _band(r, n // 8 + 1, n)
-
-
 def _full(d: dict[int, RunResult]) -> dict[int, RunResult]:
     return {s: r for s, r in d.items() if r.loss_curve is not None and len(r.loss_curve) >= FAR[1]}
 
@@ -97,9 +92,9 @@ def lengths_table(runs) -> str:
     rows = []
     for n in TRAIN_LENGTHS:
         fox, tf = _length_runs(runs, n)
-        gap = paired(tf, fox, lambda r: _rise(r, n))
+        gap = paired(tf, fox, lambda r: rise_past(r, n))
         rows.append([f"{n:,}", f"{len(fox)}, {len(tf)}",
-                     *(f"{np.mean([_rise(r, n) for r in d.values()]):+.3f}" if d else "–" for d in (fox, tf)),
+                     *(f"{np.mean([rise_past(r, n) for r in d.values()]):+.3f}" if d else "–" for d in (fox, tf)),
                      *(f"{np.mean([_band(r, *FAR) - _band(r, n // 8 + 1, n) for r in d.values()]):+.3f}"
                        if d else "–" for d in (fox, tf)), _cell(gap)])
     return table(["training length n", "seeds (FoX, Transformer)", "FoX (Pro): L(2n..4n] − L(n/8..n]",
@@ -112,7 +107,7 @@ def lengths_summary(runs) -> str:
     said = []
     for n in TRAIN_LENGTHS:
         fox, tf = _length_runs(runs, n)
-        gap = paired(tf, fox, lambda r: _rise(r, n))
+        gap = paired(tf, fox, lambda r: rise_past(r, n))
         if gap:
             said.append(f"{n:,}: {_verdict(gap, +1)} ({len(gap)} seed{'s' * (len(gap) != 1)})")
     if len(said) < 2:
@@ -123,7 +118,7 @@ def lengths_summary(runs) -> str:
 def lengths_verdict(runs) -> str:
     if lengths_summary(runs).startswith("not run"):
         return "Not run yet: `--parts train-lengths`."
-    flat = [f"{n:,} {np.mean([_rise(r, n) for r in fox.values()]):+.3f}" for n in TRAIN_LENGTHS
+    flat = [f"{n:,} {np.mean([rise_past(r, n) for r in fox.values()]):+.3f}" for n in TRAIN_LENGTHS
             if (fox := _length_runs(runs, n)[0])]
     return (f"**Verdict (Transformer − FoX rise past the training length, by training length): "
             f"{lengths_summary(runs)}.** FoX (Pro)'s own L(i) from inside to 2–4× past its training length moves by "

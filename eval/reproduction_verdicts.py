@@ -18,10 +18,11 @@ from eval.reproduction_sweeps import lengths_row, tmax_row
 from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, alone,
                                        bands_of, baseline_pick,
                                        by_seed, claim2_runs, compared, display_name, llama_pick, paired,
-                                       paired_interval, path_pairs, path_rates, picks, primary,
+                                       paired_interval, path_pairs, path_rates, picks, primary, rise_past,
                                        row_band_diffs, verdict)
 
 PAPER_PPL = {"Pro": (6.62, 6.82), "LLaMA": (7.25, 7.49)}  # FoX paper, Table 3: (FoX, Transformer) at 360M
+PAPER_GAP = math.log(PAPER_PPL["Pro"][1] / PAPER_PPL["Pro"][0])  # its Transformer (Pro) − FoX (Pro), nats/token
 GLOBAL_PRUNED = 0.10  # a head with at most this share of its tiles pruned counts as global (claim 5)
 
 
@@ -113,11 +114,6 @@ def _full_seeds(runs, label: str, lr) -> dict[int, RunResult]:
     return {s: r for s, r in by_seed(runs, label, lr).items() if _full(r)}
 
 
-def _rise(r: RunResult) -> float:
-    b = bands_of(r.loss_curve)
-    return b[3] - b[1]
-
-
 def claim1(runs: list[RunResult]) -> str:
     pro, v_pro = _pair(runs, "transformer_pro_released", "fox_pro_released")
     llama, v_llama = _pair(runs, "transformer_llama", "fox_llama")
@@ -182,8 +178,8 @@ def claim2(runs: list[RunResult]) -> str:
     if not chosen:
         return f"No run has L(i) to {BANDS[-1][1]:,} tokens yet."
     lrs = dict(compared(runs))
-    flat = [f"{LABELS[r.label]} {_d(_rise(r))}" for r in chosen if "transformer" not in r.label]
-    rope = [f"{LABELS[r.label]} at {r.lr:g} {_d(_rise(r))}" for r in chosen
+    flat = [f"{LABELS[r.label]} {_d(rise_past(r))}" for r in chosen if "transformer" not in r.label]
+    rope = [f"{LABELS[r.label]} at {r.lr:g} {_d(rise_past(r))}" for r in chosen
             if r.label.startswith("transformer") and "no_rope" not in r.label]
     text = (f"**Verdict: beyond the training length, {_beyond(chosen)}; \"the advantage grows with position\" inside "
             f"it: {_grows(runs)[1]}.** From the 513–4,096 band to the 8,193–16,384 band, L(i) changes by "
@@ -193,7 +189,7 @@ def claim2(runs: list[RunResult]) -> str:
     partner = [r for r in chosen if r.label == "transformer_llama" and no_rope and r.lr == no_rope[0].lr]
     if no_rope and partner:
         gaps = [n - p for n, p in zip(bands_of(no_rope[0].loss_curve), bands_of(partner[0].loss_curve))]
-        text += (f" The Transformer (LLaMA) without RoPE changes by {_d(_rise(no_rope[0]))} past the training "
+        text += (f" The Transformer (LLaMA) without RoPE changes by {_d(rise_past(no_rope[0]))} past the training "
                  f"length; against its RoPE counterpart at the same rate ({partner[0].lr:g}) it is "
                  f"{', '.join(f'{g:+.2f}' for g in gaps)} nats/token in the four bands: far worse inside the training "
                  "length, less so beyond it.")
@@ -204,8 +200,8 @@ def claim2(runs: list[RunResult]) -> str:
 def _beyond(chosen: list[RunResult]) -> str:
     """FoX's L(i) flat or falling past the training length, every Transformer with RoPE rising."""
     chosen = [r for r in chosen if _full(r)]
-    flat = all(_rise(r) <= 0 for r in chosen if "transformer" not in r.label)
-    rises = all(_rise(r) > 0 for r in chosen if r.label.startswith("transformer") and "no_rope" not in r.label)
+    flat = all(rise_past(r) <= 0 for r in chosen if "transformer" not in r.label)
+    rises = all(rise_past(r) > 0 for r in chosen if r.label.startswith("transformer") and "no_rope" not in r.label)
     return ("reproduced" if flat and rises else "not reproduced") if chosen else "not run yet"
 
 
@@ -420,8 +416,8 @@ def path_legacy(runs: list[RunResult]) -> str:
     if 0 in got["path_pro"] and 0 in got["transformer_pro"]:
         p, t = got["path_pro"][0], got["transformer_pro"][0]
         text += f" PaTH (Pro), without the gate, is {_d(p.heldout - t.heldout)} against the Transformer (Pro) with RoPE"
-        text += (f", and its L(i) rises by {_d(_rise(p))} past the training length against RoPE's {_d(_rise(t))}."
-                 if _full(p) and _full(t) else ".")
+        text += (f", and its L(i) rises by {_d(rise_past(p))} past the training length against RoPE's "
+                 f"{_d(rise_past(t))}." if _full(p) and _full(t) else ".")
     return text
 
 
@@ -453,10 +449,6 @@ def long_gaps(runs) -> tuple[list[float], list[float], list[float]] | None:
     return paired(tr, fox), gap1, nokv
 
 
-def _paper_gap() -> float:
-    return math.log(PAPER_PPL["Pro"][1] / PAPER_PPL["Pro"][0])
-
-
 def long(runs: list[RunResult]) -> str:
     """The long part: does the Pro pair's gap shrink toward the paper's with 4x the tokens, and does removing
     KV-shift still lower the loss?"""
@@ -466,7 +458,7 @@ def long(runs: list[RunResult]) -> str:
     gap4, gap1, nokv = gaps
     text = (f"**Verdict ({_seeds(len(gap4))}): at 4× the tokens Transformer (Pro) − FoX (Pro) is {_d(np.mean(gap4))} "
             f"{_ci(gap4)}, {_seeds_verdict(gap4, +1)}.** At the protocol's tokens the same seeds give "
-            f"{_d(np.mean(gap1)) if gap1 else '–'}; the paper's gap (360M, Table 3) is {_d(_paper_gap())}.")
+            f"{_d(np.mean(gap1)) if gap1 else '–'}; the paper's gap (360M, Table 3) is {_d(PAPER_GAP)}.")
     if len(gap1) == len(gap4):
         moved = [a - b for a, b in zip(gap4, gap1)]
         text += f" From 1× to 4× the gap moves by {_d(np.mean(moved))} {_ci(moved)}."
@@ -483,7 +475,7 @@ def long_row(runs) -> list[str]:
         return [claim, "not run (`--parts long`)"]
     gap4, gap1, _ = gaps
     return [claim, f"{_seeds_verdict(gap4, +1)} ({_seeds(len(gap4))}): Transformer − FoX {_d(np.mean(gap4))} "
-                   f"against {_d(np.mean(gap1)) if gap1 else '–'} at 1×; the paper's {_d(_paper_gap())} at 360M"]
+                   f"against {_d(np.mean(gap1)) if gap1 else '–'} at 1×; the paper's {_d(PAPER_GAP)} at 360M"]
 
 
 def llama_sweep(runs: list[RunResult]) -> str:
