@@ -448,6 +448,18 @@ def fox_fwd_sm90_kernel(q_desc, k_desc, v_desc, ck_desc, LF, PK, O, LSE, LO, slb
 
 
 @gluon.jit
+def _key_program(H, GROUP, Tk, BLOCK_N: gl.constexpr):
+    """(b, kv head, first key) of a dk/dv or one-kernel backward program. Its 1-D grid runs key blocks fastest,
+    heaviest (first) block first: a wave of programs then spans few heads, so that each head's Q, dO, LSE and
+    dq accumulator stay in L2 while its key blocks read them (heads fastest spread a wave over every head)."""
+    HKV = H // GROUP
+    nblk = (Tk + BLOCK_N - 1) // BLOCK_N
+    pid = gl.program_id(0)
+    bh = pid // nblk
+    return bh // HKV, bh % HKV, (pid % nblk) * BLOCK_N
+
+
+@gluon.jit
 def _bwd_schedule(n0, Tq, Tk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """Query tiles (aligned at the first query) that see key block ``n0``, ascending: the first, the end of the
     causal-masked ones, the end of the clean ones (after it: the partial last tile, masked) and the end."""
@@ -489,10 +501,7 @@ def _bwd_load(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q_buf
     KEYS: gl.constexpr = k_smem.type.shape[1]
     BLOCK_N: gl.constexpr = NUM_WG * KEYS
     PLANE: gl.constexpr = (BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)  # PQ's plane for tiles of BLOCK_M
-    HKV = H // GROUP
-    b = gl.program_id(0) // HKV
-    hk = gl.program_id(0) % HKV
-    n0 = gl.program_id(1) * BLOCK_N
+    b, hk, n0 = _key_program(H, GROUP, Tk, BLOCK_N)
     mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n0, Tq, Tk, BLOCK_M, BLOCK_N)
     mbarrier.expect(kv_bar, NUM_WG * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
     for w in gl.static_range(NUM_WG):
@@ -696,10 +705,7 @@ def _bwd_compute(k_s, v_s, q_bufs, do_bufs, cq_bufs, lse_bufs, dl_bufs, kv_bar, 
     r_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, 8, 16])
     scan_layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    HKV = H // GROUP
-    b = gl.program_id(0) // HKV
-    hk = gl.program_id(0) % HKV
-    n_blk = gl.program_id(1) * NUM_WG * KEYS
+    b, hk, n_blk = _key_program(H, GROUP, Tk, NUM_WG * KEYS)
     mb_first, mb_mid, mb_clean, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, NUM_WG * KEYS)  # the program's
     off = Tk - Tq
     n0 = n_blk + WG * KEYS
@@ -858,7 +864,7 @@ def _bwd_load_all(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, q
 def fox_bwd_dkdv_sm90_kernel(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, LF, PQ, DK, DV, DCOL, HI,
                              slb, slt, slh, sdkb, sdkt, sdkh, spp, spr, svr, ACP_NK, ACP_GM, ACP_GN, H, GROUP, Tq, Tk,
                              sm_scale, NUM_STAGES: gl.constexpr, NUM_WG: gl.constexpr):
-    """grid (B*Hkv, cdiv(Tk, NUM_WG*KEYS)), heaviest (first) key blocks first, num_warps=4: NUM_WG (2 or 3)
+    """grid (cdiv(Tk, NUM_WG*KEYS) * B*Hkv,), key blocks fastest (``_key_program``), num_warps=4: NUM_WG (2 or 3)
     consumer warpgroups of KEYS keys each (the default partition and workers; 240 registers each for 2, 160 for 3)
     and a one-warp loader. q_desc / do_desc: TMA descriptors over the (B*Tq, H*D) views of contiguous q and do,
     blocks [BLOCK_M, D]; k_desc / v_desc: over (B*Tk, Hkv*D), blocks [KEYS, D]; cq_desc / lse_desc / dl_desc:
@@ -935,10 +941,7 @@ def _dq_write(q_desc, do_desc, k_desc, v_desc, cq_desc, lse_desc, dl_desc, dq_de
     HEAD_DIM: gl.constexpr = dq_stage.type.shape[2]
     BLOCK_N: gl.constexpr = k_smem.type.shape[0] * k_smem.type.shape[1]
     SLOTS: gl.constexpr = dq_stage.type.shape[0] // 2
-    HKV = H // GROUP
-    b = gl.program_id(0) // HKV
-    hk = gl.program_id(0) % HKV
-    n_blk = gl.program_id(1) * BLOCK_N
+    b, hk, n_blk = _key_program(H, GROUP, Tk, BLOCK_N)
     mb_first, _, _, mb_end = _bwd_schedule(n_blk, Tq, Tk, BLOCK_M, BLOCK_N)
     i = mb_first * 0
     for gi in range(GROUP):

@@ -184,7 +184,7 @@ def bwd_dkdv_sm90(do, q, k, v, lf, pq, lse, delta, sm_scale, config=None, acp_ta
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dcol = torch.empty((B, Tk, H), device=q.device, dtype=torch.float32)
-    launch_cache.launch(gk.fox_bwd_dkdv_sm90_kernel, (B * Hkv, cdiv(Tk, wgs * keys)),
+    launch_cache.launch(gk.fox_bwd_dkdv_sm90_kernel, (cdiv(Tk, wgs * keys) * B * Hkv,),  # key blocks fastest
         tma_desc(q, bm), tma_desc(do, bm), tma_desc(k, keys), tma_desc(v, keys),
         vec(pq, rows=None), vec(lse), vec(delta), lf, pq, dk, dv, dcol,
         dcol if acp_tables is None else acp_tables[1],  # the kernel reads ACP from HI's dtype (int32: a table)
@@ -249,7 +249,7 @@ def bwd_fused_sm90(do, q, k, v, lf, o, lse, sm_scale, config=None, acp_tables=No
         Tk, Hkv = k.shape[1], k.shape[2]
         ints = (lf.stride(0), lf.stride(1), lf.stride(2), dk.stride(0), dk.stride(1), dk.stride(2), 0,
                 pq.stride(0), svr, H, H // Hkv, Tq, Tk)  # (pq: one plane, stride 0)
-        return (B * k.shape[2], cdiv(Tk, 2 * keys)), ints, TL.acp_args(acp_tables, grid)[1:], tiles.gluon_maxnreg(8)
+        return (cdiv(Tk, 2 * keys) * B * Hkv,), ints, TL.acp_args(acp_tables, grid)[1:], tiles.gluon_maxnreg(8)
 
     launch_grid, ints, acp, maxnreg = launch_cache.static(key, build)
     launch_cache.launch_keyed(key, gk.fox_bwd_fused_sm90_kernel, launch_grid,
