@@ -227,6 +227,16 @@ PATH_PAIRS = (("path_fox_pro_released", "fox_pro_released", -1, "PaTH-FoX (Pro) 
 LABELS.update({"path_pro_released": "PaTH (Pro)", "path_fox_pro_released": "PaTH-FoX (Pro)"})
 
 
+def full_curve(r: RunResult) -> bool:
+    """The run's L(i) reaches the last band (16,384 tokens)."""
+    return r.loss_curve is not None and len(r.loss_curve) >= BANDS[-1][1]
+
+
+def full_seeds(runs: list[RunResult], label: str, lr: float | None) -> dict[int, RunResult]:
+    """``by_seed``'s runs whose L(i) reaches the last band."""
+    return {s: r for s, r in by_seed(runs, label, lr).items() if full_curve(r)}
+
+
 def path_pairs(runs: list[RunResult]) -> list[tuple[str, list[float], int]]:
     """(name, PaTH model − its baseline at each shared seed, the paper's sign) for PATH_PAIRS, each model at its
     family's pick (PaTH at FoX (Pro)'s)."""

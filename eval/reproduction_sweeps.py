@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from eval.reproduction_results import RunResult, by_seed, paired, paired_interval, picks, rise_past, verdict
+from eval.reproduction_results import (RunResult, by_seed, full_seeds, paired, paired_interval, picks, rise_past,
+                                       verdict)
 from forgetting_transformer.markdown import table
 
 PRESET_TMAX = 256  # the presets' T_max: the released-gates part's runs are this sweep's point there
@@ -75,15 +76,11 @@ def _band(r: RunResult, lo: int, hi: int) -> float:
     return float(np.mean(r.loss_curve[lo - 1:hi]))
 
 
-def _full(d: dict[int, RunResult]) -> dict[int, RunResult]:
-    return {s: r for s, r in d.items() if r.loss_curve is not None and len(r.loss_curve) >= FAR[1]}
-
-
 def _length_runs(runs, n: int) -> tuple[dict[int, RunResult], dict[int, RunResult]]:
     """The released pair trained at n tokens of context, by seed, with L(i) to 16,384 (n = 4,096: the protocol's)."""
     pick, suffix = picks(runs), "" if n == 4096 else f"_ctx{n}"
-    return (_full(by_seed(runs, f"fox_pro_released{suffix}", pick.get("fox"))),
-            _full(by_seed(runs, f"transformer_pro_released{suffix}", pick.get("transformer"))))
+    return (full_seeds(runs, f"fox_pro_released{suffix}", pick.get("fox")),
+            full_seeds(runs, f"transformer_pro_released{suffix}", pick.get("transformer")))
 
 
 def lengths_table(runs) -> str:

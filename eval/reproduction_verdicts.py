@@ -15,10 +15,9 @@ from forgetting_transformer.markdown import table
 from eval.reproduction_acp import acp_rows, claim4
 from eval.reproduction_probes import retrieval_summary
 from eval.reproduction_sweeps import lengths_row, tmax_row
-from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, alone,
-                                       bands_of, baseline_pick,
-                                       by_seed, claim2_runs, compared, display_name, llama_pick, paired,
-                                       paired_interval, path_pairs, path_rates, picks, primary, rise_past,
+from eval.reproduction_results import (BANDS, LABELS, ROW_BANDS, RunResult, alone, bands_of, baseline_pick, by_seed,
+                                       claim2_runs, compared, display_name, full_curve, full_seeds, llama_pick,
+                                       paired, paired_interval, path_pairs, path_rates, picks, primary, rise_past,
                                        row_band_diffs, verdict)
 
 PAPER_PPL = {"Pro": (6.62, 6.82), "LLaMA": (7.25, 7.49)}  # FoX paper, Table 3: (FoX, Transformer) at 360M
@@ -105,15 +104,6 @@ def _mid_sentence(claim: str) -> str:
     return claim if any(c.isupper() for c in claim.split()[0][1:]) else claim[0].lower() + claim[1:]
 
 
-def _full(r: RunResult) -> bool:
-    """The run's L(i) reaches the last band (16,384 tokens)."""
-    return r.loss_curve is not None and len(r.loss_curve) >= BANDS[-1][1]
-
-
-def _full_seeds(runs, label: str, lr) -> dict[int, RunResult]:
-    return {s: r for s, r in by_seed(runs, label, lr).items() if _full(r)}
-
-
 def claim1(runs: list[RunResult]) -> str:
     pro, v_pro = _pair(runs, "transformer_pro_released", "fox_pro_released")
     llama, v_llama = _pair(runs, "transformer_llama", "fox_llama")
@@ -174,7 +164,7 @@ def baselines(runs: list[RunResult]) -> str:
 
 
 def claim2(runs: list[RunResult]) -> str:
-    chosen = [r for r in claim2_runs(runs) if _full(r)]
+    chosen = [r for r in claim2_runs(runs) if full_curve(r)]
     if not chosen:
         return f"No run has L(i) to {BANDS[-1][1]:,} tokens yet."
     lrs = dict(compared(runs))
@@ -199,7 +189,7 @@ def claim2(runs: list[RunResult]) -> str:
 
 def _beyond(chosen: list[RunResult]) -> str:
     """FoX's L(i) flat or falling past the training length, every Transformer with RoPE rising."""
-    chosen = [r for r in chosen if _full(r)]
+    chosen = [r for r in chosen if full_curve(r)]
     flat = all(rise_past(r) <= 0 for r in chosen if "transformer" not in r.label)
     rises = all(rise_past(r) > 0 for r in chosen if r.label.startswith("transformer") and "no_rope" not in r.label)
     return ("reproduced" if flat and rises else "not reproduced") if chosen else "not run yet"
@@ -208,8 +198,8 @@ def _beyond(chosen: list[RunResult]) -> str:
 def _grows(runs) -> tuple[list[float], str]:
     """Per seed of the Pro pair, the Transformer − FoX gap in 513–4,096 minus the gap in 1–512, and its verdict."""
     lrs = dict(compared(runs))
-    f = _full_seeds(runs, "fox_pro_released", lrs.get("fox_pro_released"))
-    t = _full_seeds(runs, "transformer_pro_released", lrs.get("transformer_pro_released"))
+    f = full_seeds(runs, "fox_pro_released", lrs.get("fox_pro_released"))
+    t = full_seeds(runs, "transformer_pro_released", lrs.get("transformer_pro_released"))
     grows = paired(t, f, lambda r: bands_of(r.loss_curve)[1] - bands_of(r.loss_curve)[0])
     return grows, f"{verdict(paired_interval(grows), +1)} (Pro pair, {len(grows)} seeds)"
 
@@ -218,7 +208,7 @@ def inside_sentence(runs, lrs) -> str:
     out = []
     for fox, tf, name in (("fox_pro_released", "transformer_pro_released", "Pro"),
                           ("fox_llama", "transformer_llama", "LLaMA")):
-        f, t = _full_seeds(runs, fox, lrs.get(fox)), _full_seeds(runs, tf, lrs.get(tf))
+        f, t = full_seeds(runs, fox, lrs.get(fox)), full_seeds(runs, tf, lrs.get(tf))
         first = paired(t, f, lambda r: bands_of(r.loss_curve)[0])
         rest = paired(t, f, lambda r: bands_of(r.loss_curve)[1])
         if first:
@@ -417,7 +407,7 @@ def path_legacy(runs: list[RunResult]) -> str:
         p, t = got["path_pro"][0], got["transformer_pro"][0]
         text += f" PaTH (Pro), without the gate, is {_d(p.heldout - t.heldout)} against the Transformer (Pro) with RoPE"
         text += (f", and its L(i) rises by {_d(rise_past(p))} past the training length against RoPE's "
-                 f"{_d(rise_past(t))}." if _full(p) and _full(t) else ".")
+                 f"{_d(rise_past(t))}." if full_curve(p) and full_curve(t) else ".")
     return text
 
 
