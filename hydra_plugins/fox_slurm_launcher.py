@@ -26,21 +26,40 @@ from typing import Any, Sequence
 
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, filter_overrides
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+from hydra.plugins.launcher import Launcher
 from omegaconf import OmegaConf
 
+TARGET = "hydra_plugins.fox_slurm_launcher.SlurmLauncher"
 # submitit's own keys, not sbatch parameters (hydra-submitit-launcher passes them to the executor's constructor)
 EXECUTOR_KEYS = ("submitit_folder", "max_num_timeout")
 
+try:
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, SlurmQueueConf
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher as SubmititSlurmLauncher
+except ImportError as e:
+    # Hydra imports every plugin on every run, sweep or not: without the SLURM packages train.py runs as
+    # everywhere, and only choosing this launcher fails, naming what to install.
+    MISSING = (f"hydra/launcher=slurm needs the packages hydra-submitit-launcher and submitit ({e}): "
+               "pip install -r requirements.txt")
 
-@dataclass
-class FoxSlurmQueueConf(SlurmQueueConf):
-    _target_: str = "hydra_plugins.fox_slurm_launcher.SlurmLauncher"
-    dry_run: bool = False  # print the sbatch script of the sweep and submit nothing
+    class SubmititSlurmLauncher(Launcher):  # a Launcher, so that Hydra finds it and calls it
+        def __init__(self, **params: Any) -> None:
+            raise ImportError(MISSING)
 
+        def setup(self, **kwargs: Any) -> None:  # Launcher's abstract method (never reached: __init__ raises)
+            raise ImportError(MISSING)
 
-ConfigStore.instance().store(group="hydra/launcher", name="fox_slurm", node=FoxSlurmQueueConf,
+    # an open node, not SlurmQueueConf's schema: slurm.yaml's and the command line's keys merge into it
+    QUEUE_CONF: Any = OmegaConf.create({"_target_": TARGET, "dry_run": False}, flags={"struct": False})
+else:
+    @dataclass
+    class FoxSlurmQueueConf(SlurmQueueConf):
+        _target_: str = TARGET
+        dry_run: bool = False  # print the sbatch script of the sweep and submit nothing
+
+    QUEUE_CONF = FoxSlurmQueueConf
+
+ConfigStore.instance().store(group="hydra/launcher", name="fox_slurm", node=QUEUE_CONF,
                              provider="forgetting_transformer")
 
 

@@ -71,3 +71,23 @@ def test_no_sbatch_on_the_path_is_one_line_naming_the_dry_run(tmp_path, monkeypa
         "prints the sbatch script and submits nothing: python train.py -m hydra/launcher=slurm optim.lr=1e-3 "
         "hydra.launcher.dry_run=true\n")
     assert not (tmp_path / ".submitit").exists()
+
+
+WITHOUT_SUBMITIT = ("import runpy, sys\n"
+                    "sys.modules['hydra_plugins.hydra_submitit_launcher'] = None  # as where it is not installed\n")
+
+
+def test_without_the_slurm_packages_hydra_loads_the_plugin_quietly_and_the_launcher_names_them(tmp_path):
+    scan = WITHOUT_SUBMITIT + ("import warnings\nwarnings.simplefilter('error')\n"
+                               "from hydra.core.plugins import Plugins\nfrom hydra.plugins.launcher import Launcher\n"
+                               "print(sorted(p.__name__ for p in Plugins.instance().discover(Launcher)))\n")
+    found = subprocess.run([sys.executable, "-c", scan], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-3000:]  # no "Error importing 'hydra_plugins.fox_slurm_launcher'"
+    assert "SlurmLauncher" in found.stdout
+
+    sweep = WITHOUT_SUBMITIT + (f"sys.argv = ['train.py', '-m', *{SWEEP!r}, 'hydra.sweep.dir={tmp_path}']\n"
+                                f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n")
+    run = subprocess.run([sys.executable, "-c", sweep], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert "hydra/launcher=slurm needs the packages hydra-submitit-launcher and submitit" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and not list(tmp_path.iterdir())  # nothing launched
